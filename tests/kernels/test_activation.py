@@ -1,0 +1,37 @@
+"""silu_and_mul kernel vs the float64 reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tskernels
+import tskernels_ref.activation as ref
+from tskernels.numerics import assert_close
+from tskernels.testing.problems import poisoned_like
+
+
+@given(seed=st.integers(0, 2**31 - 1), rows=st.sampled_from([0, 1, 3, 17]), inter=st.integers(1, 2100),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       scale=st.sampled_from([0.1, 1.0, 8.0]))
+def test_silu_and_mul_triton(kernel_device, seed, rows, inter, dtype, scale):
+    torch.manual_seed(seed)
+    x = (torch.randn(rows, 2 * inter) * scale).to(kernel_device, dtype)
+    out = poisoned_like(x[:, :inter])
+    y = tskernels.activation.silu_and_mul(x, out=out, backend="triton")
+    assert y.data_ptr() == out.data_ptr()
+    assert_close(y, ref.silu_and_mul(x.double()), baseline=ref.silu_and_mul(x))
+
+
+def test_silu_and_mul_3d(kernel_device):
+    x = torch.randn(2, 3, 40, device=kernel_device)
+    assert_close(tskernels.activation.silu_and_mul(x, backend="triton"),
+                 ref.silu_and_mul(x.double()))
+
+
+def test_silu_and_mul_rejects_odd_width():
+    with pytest.raises(ValueError, match="even"):
+        tskernels.activation.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="out"):
+        tskernels.activation.silu_and_mul(torch.randn(2, 8), out=torch.empty(2, 3))

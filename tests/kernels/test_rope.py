@@ -1,0 +1,64 @@
+"""RoPE kernel vs the float64 reference: neox and gptj, partial rotary, in place."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tskernels
+import tskernels_ref.rope as ref
+from tskernels.numerics import assert_close
+
+
+@st.composite
+def rope_problems(draw):
+    d = draw(st.sampled_from([16, 32, 64, 80, 128]))
+    rot = draw(st.sampled_from([r for r in (8, 16, 32, 64, 128) if r <= d] + [d]))
+    return dict(T=draw(st.integers(0, 9)), hq=draw(st.integers(1, 20)), hk=draw(st.integers(1, 4)),
+                d=d, rot=rot, style=draw(st.sampled_from(["neox", "gptj"])),
+                dtype=draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16])),
+                inplace=draw(st.booleans()),
+                scaling=draw(st.sampled_from([None, {"type": "linear", "factor": 2.0}])))
+
+
+@given(seed=st.integers(0, 2**31 - 1), p=rope_problems())
+def test_rope_triton(kernel_device, seed, p):
+    torch.manual_seed(seed)
+    cache = tskernels.rope.cos_sin_cache(4096, p["rot"], 10000.0, scaling=p["scaling"],
+                                         device=kernel_device)
+    q = torch.randn(p["T"], p["hq"], p["d"]).to(kernel_device, p["dtype"])
+    k = torch.randn(p["T"], p["hk"], p["d"]).to(kernel_device, p["dtype"])
+    pos = torch.randint(0, 4096, (p["T"],), device=kernel_device)
+    q64, k64 = ref.apply_rope(q.double(), k.double(), pos, cache.double(), style=p["style"])
+    qb, kb = ref.apply_rope(q, k, pos, cache, style=p["style"])
+    q_in, k_in = q.clone(), k.clone()
+    qo, ko = tskernels.rope.apply_rope(q_in, k_in, pos, cache, style=p["style"],
+                                       inplace=p["inplace"], backend="triton")
+    if p["T"]:
+        assert (qo.data_ptr() == q_in.data_ptr()) == p["inplace"]
+    assert_close(qo, q64, baseline=qb, name="q")
+    assert_close(ko, k64, baseline=kb, name="k")
+    # Dims past the rotary width are untouched.
+    torch.testing.assert_close(qo[..., p["rot"]:], q[..., p["rot"]:], rtol=0, atol=0)
+
+
+def test_rope_styles_differ_and_position_zero_is_identity(kernel_device):
+    cache = tskernels.rope.cos_sin_cache(16, 8, device=kernel_device)
+    q = torch.randn(2, 1, 8, device=kernel_device)
+    pos = torch.tensor([0, 3], device=kernel_device)
+    a, _ = tskernels.rope.apply_rope(q, None, pos, cache, style="neox", backend="triton")
+    b, _ = tskernels.rope.apply_rope(q, None, pos, cache, style="gptj", backend="triton")
+    torch.testing.assert_close(a[0], q[0])
+    assert not torch.allclose(a[1], b[1])
+
+
+def test_rope_rejects_bad_input():
+    cache = tskernels.rope.cos_sin_cache(16, 8)
+    q = torch.randn(2, 1, 8)
+    with pytest.raises(ValueError, match="style"):
+        tskernels.rope.apply_rope(q, None, torch.tensor([0, 1]), cache, style="bad")
+    with pytest.raises(ValueError, match="positions"):
+        tskernels.rope.apply_rope(q, None, torch.tensor([0]), cache)
+    with pytest.raises(ValueError, match="cos_sin_cache"):
+        tskernels.rope.apply_rope(torch.randn(2, 1, 4), None, torch.tensor([0, 1]), cache)

@@ -1,0 +1,33 @@
+"""tskernels-bench runs on CPU (reference timings) and emits well-formed JSON."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tskernels.bench.cli import main, parse_shapes
+
+
+def test_parse_shapes():
+    assert parse_shapes("B=16,L=4096;B=1,L=2.5,kv=fp8") == [
+        {"B": 16, "L": 4096}, {"B": 1, "L": 2.5, "kv": "fp8"}]
+
+
+@pytest.mark.parametrize("op", ["norm.rmsnorm", "activation.silu_and_mul", "rope.apply_rope",
+                                "attention.store_kv"])
+def test_bench_json(op, capsys):
+    assert main([op, "--json", "-", "--iters", "3"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["op"] == op and res["rows"]
+    row = res["rows"][0]
+    assert row["ours"]["us"] > 0 and row["bytes"] > 0
+    base = [k for k in row if k not in ("ours", "shape", "input_sets", "bytes", "flops")]
+    assert base and all(row[b]["us"] > 0 and row[b]["speedup_of_ours"] > 0 for b in base)
+
+
+def test_console_script_entry():
+    out = subprocess.run([sys.executable, "-m", "tskernels.bench.cli", "--list"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "norm.rmsnorm" in out.stdout

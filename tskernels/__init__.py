@@ -1,0 +1,38 @@
+"""tskernels: Triton-first kernels for LLM inference.
+
+    import tskernels
+    y = tskernels.norm.rmsnorm(x, weight)                 # selected backend for x's device
+    tskernels.explain("attention", "decode", device="cuda", formats={"q": "bf16", "kv": "bf16"})
+    with tskernels.use_backend("reference"): ...
+
+Importing this package touches no GPU driver and imports no kernels: op families load on first
+attribute access (`tskernels.attention`), the registry on first selection.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .config import use_backend
+from .platform import Platform, platform_of
+from .registry import (KernelSpec, SelectionError, clear_cache, explain, fmt, kernels, register,
+                       select)
+
+__version__ = "0.1.0"
+
+FAMILIES = ("attention", "mla", "gemm", "moe", "norm", "rope", "activation", "sampling",
+            "kvcache", "gdn")
+
+__all__ = ["FAMILIES", "KernelSpec", "Platform", "SelectionError", "clear_cache", "explain",
+           "fmt", "kernels", "platform_of", "register", "select", "use_backend", *FAMILIES]
+
+
+def __getattr__(name: str):
+    if name in FAMILIES:
+        mod = importlib.import_module(f".ops.{name}", __name__)
+        globals()[name] = mod
+        return mod
+    raise AttributeError(f"module 'tskernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(FAMILIES))

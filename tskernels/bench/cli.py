@@ -1,0 +1,93 @@
+"""tskernels-bench <family>.<op> [--shapes 'k=v,k=v;k=v'] [--json FILE|-] [--graph] ...
+
+Examples:
+    tskernels-bench --list
+    tskernels-bench norm.rmsnorm --json -
+    tskernels-bench attention.decode --shapes 'B=16,L=4096;B=1,L=4096' --graph --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .core import benches, run_bench
+
+
+def parse_shapes(text: str | None) -> list[dict] | None:
+    """'B=16,L=4096;B=1,L=4096' -> [{'B': 16, 'L': 4096}, {'B': 1, 'L': 4096}]."""
+    if not text:
+        return None
+    shapes = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        shape = {}
+        for kv in part.split(","):
+            key, sep, val = kv.partition("=")
+            if not sep:
+                raise argparse.ArgumentTypeError(f"--shapes: expected key=value, got {kv!r}")
+            val = val.strip()
+            try:
+                shape[key.strip()] = int(val)
+            except ValueError:
+                try:
+                    shape[key.strip()] = float(val)
+                except ValueError:
+                    shape[key.strip()] = val
+        shapes.append(shape)
+    return shapes
+
+
+def _table(res: dict) -> str:
+    lines = [f"{res['op']} [{res['backend']}] on {res['device']} (copy roofline {res['copy_roofline_GBps']} GB/s, "
+             f"graph={res['graph']})"]
+    for row in res["rows"]:
+        o = row["ours"]
+        shape = ",".join(f"{k}={v}" for k, v in row["shape"].items())
+        extra = "".join(f"  {k}: {v['us']:.1f}us (ours x{v['speedup_of_ours']})"
+                        for k, v in row.items() if isinstance(v, dict) and k not in ("ours", "shape"))
+        gbps = f" {o['GB/s']} GB/s ({o.get('pct_of_copy_roofline')}% roof)" if o["GB/s"] else ""
+        tf = f" {o['TFLOP/s']} TFLOP/s" if o["TFLOP/s"] else ""
+        lines.append(f"  {shape:<28} ours {o['us']:.1f}us{gbps}{tf}{extra}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tskernels-bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("op", nargs="?", help="family.op, e.g. norm.rmsnorm")
+    ap.add_argument("--list", action="store_true", help="list benchmarkable ops")
+    ap.add_argument("--shapes", help="';'-separated shapes of comma-separated key=value")
+    ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    ap.add_argument("--iters", type=int)
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
+    ap.add_argument("--compare", default="all",
+                    help="baselines to time: 'all', 'none' or comma-separated names")
+    ap.add_argument("--backend", help="force our backend (e.g. triton); default: selected")
+    ap.add_argument("--json", help="write results as JSON to FILE ('-' for stdout)")
+    args = ap.parse_args(argv)
+    table = benches()
+    if args.list or not args.op:
+        for name, b in table.items():
+            print(f"{name:<28} baselines: {', '.join(b.baselines) or '-'}")
+        return 0
+    if args.op not in table:
+        print(f"unknown op {args.op!r}; known: {', '.join(table)}", file=sys.stderr)
+        return 2
+    base = None if args.compare == "all" else ([] if args.compare == "none"
+                                                else args.compare.split(","))
+    res = run_bench(args.op, parse_shapes(args.shapes), device=args.device, iters=args.iters,
+                    graph=args.graph, baselines=base, backend=args.backend)
+    res["command"] = "tskernels-bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.json == "-":
+        json.dump(res, sys.stdout, indent=1)
+        print()
+    else:
+        print(_table(res))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Ahead-of-time compilation of Triton kernels for GPUs this machine may not have.
+
+`compile_case(case, target)` runs Triton's whole pipeline (`triton.compile` on an `ASTSource`
+with a `GPUTarget`) and returns the assembly plus the resources the compiled kernel uses:
+registers, spills and shared memory. NVIDIA figures come from re-running the ptxas that Triton
+ships with `-v`; AMD figures from the AMDGCN metadata. The compile-matrix tests and
+`python -m tskernels.compile` use it.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TARGETS = {
+    "sm_90": ("cuda", 90, 32),
+    "sm_100": ("cuda", 100, 32),
+    "sm_120": ("cuda", 120, 32),
+    "gfx942": ("hip", "gfx942", 64),
+    "gfx950": ("hip", "gfx950", 64),
+}
+
+# The matrix instruction a tl.dot must become on each target.
+MATRIX_INSTRUCTION = {
+    "sm_90": re.compile(r"wgmma\.mma_async"),
+    "sm_100": re.compile(r"tcgen05\.mma"),
+    "sm_120": re.compile(r"\bmma\.sync\.aligned"),
+    "gfx942": re.compile(r"v_mfma_"),
+    "gfx950": re.compile(r"v_mfma_"),
+}
+
+
+@dataclass(frozen=True)
+class CompileCase:
+    """One specialisation of a @triton.jit kernel to compile: its signature (argument name ->
+    Triton type such as "*bf16", "i32", "fp32"), constexpr values, launch options, and whether
+    it multiplies matrices (tl.dot), so the matrix instruction must appear."""
+
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 3
+    uses_dot: bool = False
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        base = getattr(self.fn, "__name__", None) or self.fn.fn.__name__
+        return f"{base}[{self.label}]" if self.label else base
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    target: str
+    asm: str
+    registers: int | None
+    spill_bytes: int | None
+    shared_bytes: int
+    has_matrix_instruction: bool
+
+
+def _target(name: str):
+    from triton.backends.compiler import GPUTarget
+
+    backend, arch, warp = TARGETS[name]
+    return GPUTarget(backend, arch, warp)
+
+
+def _ptxas_resources(ptx: str) -> tuple[int | None, int | None]:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    arch = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d, "k.ptx")
+        src.write_text(ptx)
+        sm = int(re.match(r"sm_(\d+)", arch).group(1))
+        try:
+            ptxas = get_ptxas(sm)
+        except TypeError:  # older Triton: get_ptxas() takes no argument
+            ptxas = get_ptxas()
+        path = ptxas.path if hasattr(ptxas, "path") else ptxas[0]
+        proc = subprocess.run([path, "-v", f"--gpu-name={arch}", str(src), "-o",
+                               str(Path(d, "k.cubin"))], capture_output=True, text=True)
+    text = proc.stdout + proc.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.search(r"(\d+) bytes spill stores", text)
+    return (int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else None)
+
+
+def _amd_resources(asm: str) -> tuple[int | None, int | None]:
+    vgpr = re.search(r"\.vgpr_count:\s+(\d+)", asm)
+    scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", asm)
+    return (int(vgpr.group(1)) if vgpr else None, int(scratch.group(1)) if scratch else None)
+
+
+def compile_case(case: CompileCase, target: str) -> CompileResult:
+    """Compile `case` for `target` (a key of TARGETS); raises on compiler errors."""
+    import triton
+    from triton.compiler import ASTSource
+
+    sig = dict(case.signature)
+    for k in case.constexprs:
+        sig[k] = "constexpr"
+    fn = case.fn.fn if hasattr(case.fn, "fn") and not hasattr(case.fn, "run") else case.fn
+    src = ASTSource(fn=fn, signature=sig, constexprs=dict(case.constexprs))
+    k = triton.compile(src, target=_target(target),
+                       options={"num_warps": case.num_warps, "num_stages": case.num_stages})
+    if target.startswith("sm_"):
+        asm = k.asm["ptx"]
+        regs, spills = _ptxas_resources(asm)
+    else:
+        asm = k.asm["amdgcn"]
+        regs, spills = _amd_resources(asm)
+    return CompileResult(target, asm, regs, spills, int(k.metadata.shared),
+                         bool(MATRIX_INSTRUCTION[target].search(asm)))
+
+
+def all_cases() -> list[tuple[str, CompileCase, tuple[str, ...]]]:
+    """(kernel name, case, targets) for every registered kernel that declares compile cases."""
+    from . import registry
+
+    out = []
+    for spec in registry.kernels():
+        if spec.compile_cases is None:
+            continue
+        for case in spec.compile_cases():
+            out.append((spec.name, case, tuple(sorted(spec.verification.compiled))))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m tskernels.compile [--json FILE] [TARGET ...]: compile every registered case for
+    its declared targets and print a resource table (and write JSON records)."""
+    import argparse
+    import json
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: the compile matrix needs real @triton.jit kernels",
+              file=sys.stderr)
+        return 2
+    ap = argparse.ArgumentParser(prog="python -m tskernels.compile")
+    ap.add_argument("targets", nargs="*", default=list(TARGETS))
+    ap.add_argument("--json", help="write one record per (kernel, case, target)")
+    args = ap.parse_args(argv)
+    records = []
+    print(f"{'kernel':<34} {'case':<40} {'target':<7} {'regs':>5} {'spill':>5} "
+          f"{'smem':>7} matrix")
+    for name, case, declared in all_cases():
+        for t in args.targets:
+            rec = {"kernel": name, "case": case.name, "target": t, "declared": t in declared,
+                   "uses_dot": case.uses_dot}
+            try:
+                r = compile_case(case, t)
+                rec.update(ok=True, registers=r.registers, spill_bytes=r.spill_bytes,
+                           shared_bytes=r.shared_bytes, matrix=r.has_matrix_instruction)
+                mi = ("yes" if r.has_matrix_instruction else "NO") if case.uses_dot else "-"
+                print(f"{name:<34} {case.name:<40} {t:<7} {r.registers or '-':>5} "
+                      f"{r.spill_bytes if r.spill_bytes is not None else '-':>5} "
+                      f"{r.shared_bytes:>7} {mi}")
+            except Exception as e:  # recorded; the compile-matrix test reports it
+                rec.update(ok=False, error=f"{type(e).__name__}: {str(e)[:2000]}")
+                print(f"{name:<34} {case.name:<40} {t:<7} FAILED {type(e).__name__}")
+            records.append(rec)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0 if all(r["ok"] for r in records if r["declared"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

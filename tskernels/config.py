@@ -1,0 +1,154 @@
+"""Selection overrides: per call, context manager, environment variable, TOML file.
+
+Strongest first:
+1. the per-call `backend=` argument of any public op;
+2. `with tskernels.use_backend("triton"):` or `use_backend({"attention.decode": "triton"})`
+   (nested blocks: the innermost wins), also `use_backend(objective="latency")`;
+3. TSKERNELS_BACKEND, e.g. `attention.decode=triton,norm=reference` or just `triton`, plus
+   TSKERNELS_OBJECTIVE and TSKERNELS_ALLOW_UNVERIFIED=1;
+4. the TOML file named by TSKERNELS_CONFIG:
+
+       objective = "latency"
+       allow_unverified = false
+       [backend]
+       "attention.decode" = "triton"
+       norm = "reference"
+
+A key may be "family.op" (strict: the backend must exist), "family" or "*" (applies only to
+ops that have that backend). An override that names a backend which cannot run on the device
+raises: an explicit request never silently falls back.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Resolved:
+    backend: str | None
+    source: str
+    strict: bool
+    objective: str
+    allow_unverified: bool
+
+
+@dataclass(frozen=True)
+class _Layer:
+    backends: tuple[tuple[str, str], ...]
+    objective: str | None
+    allow_unverified: bool | None
+    source: str
+
+
+_stack: contextvars.ContextVar[tuple[_Layer, ...]] = contextvars.ContextVar(
+    "tskernels_overrides", default=())
+_toml_cache: dict[str, tuple[float, _Layer]] = {}
+
+
+def _parse_mapping(spec: str | dict | None) -> tuple[tuple[str, str], ...]:
+    if spec is None:
+        return ()
+    if isinstance(spec, str):
+        items = []
+        for part in filter(None, (s.strip() for s in spec.split(","))):
+            key, _, val = part.rpartition("=")
+            items.append((key.strip() or "*", val.strip()))
+        return tuple(items)
+    return tuple((str(k), str(v)) for k, v in spec.items())
+
+
+@contextlib.contextmanager
+def use_backend(backends: str | dict | None = None, *, objective: str | None = None,
+                allow_unverified: bool | None = None):
+    """Override selection inside a `with` block (context-local, so threads and tasks are
+    isolated). `backends`: a backend name for everything, or {"family.op"|"family"|"*": name}."""
+    _check_objective(objective)
+    layer = _Layer(_parse_mapping(backends), objective, allow_unverified, "use_backend()")
+    token = _stack.set(_stack.get() + (layer,))
+    try:
+        yield
+    finally:
+        _stack.reset(token)
+
+
+def _check_objective(objective: str | None) -> None:
+    from .registry import OBJECTIVES
+    if objective is not None and objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+
+
+def _truthy(v: str | None) -> bool | None:
+    if v is None or v == "":
+        return None
+    return v.lower() in ("1", "true", "yes", "on")
+
+
+def _env_layer() -> _Layer | None:
+    b = os.environ.get("TSKERNELS_BACKEND")
+    o = os.environ.get("TSKERNELS_OBJECTIVE") or None
+    a = _truthy(os.environ.get("TSKERNELS_ALLOW_UNVERIFIED"))
+    if b is None and o is None and a is None:
+        return None
+    return _Layer(_parse_mapping(b), o, a, "TSKERNELS_BACKEND")
+
+
+def _toml_layer() -> _Layer | None:
+    path = os.environ.get("TSKERNELS_CONFIG")
+    if not path:
+        return None
+    p = Path(path)
+    try:
+        mtime = p.stat().st_mtime
+    except OSError as e:
+        raise FileNotFoundError(f"TSKERNELS_CONFIG={path!r} cannot be read: {e}") from None
+    cached = _toml_cache.get(path)
+    if cached and cached[0] == mtime:
+        return cached[1]
+    data = tomllib.loads(p.read_text())
+    unknown = set(data) - {"backend", "objective", "allow_unverified"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; expected backend, "
+                         "objective, allow_unverified")
+    layer = _Layer(_parse_mapping(data.get("backend", {})), data.get("objective"),
+                   data.get("allow_unverified"), f"config file {path}")
+    _check_objective(layer.objective)
+    _toml_cache[path] = (mtime, layer)
+    return layer
+
+
+def _lookup(layer: _Layer, family: str, op: str) -> tuple[str, bool] | None:
+    d = dict(layer.backends)
+    for key, strict in ((f"{family}.{op}", True), (family, False), ("*", False)):
+        if key in d:
+            return d[key], strict
+    return None
+
+
+def resolve(family: str, op: str, backend: str | None, objective: str | None,
+            allow_unverified: bool | None) -> Resolved:
+    """Merge every override source for one call (strongest first)."""
+    layers = list(reversed(_stack.get()))
+    for extra in (_env_layer(), _toml_layer()):
+        if extra is not None:
+            layers.append(extra)
+    chosen, source, strict = backend, "backend= argument", True
+    obj, allow = objective, allow_unverified
+    for layer in layers:
+        if chosen is None:
+            hit = _lookup(layer, family, op)
+            if hit is not None:
+                chosen, strict = hit
+                source = layer.source
+        obj = obj if obj is not None else layer.objective
+        allow = allow if allow is not None else layer.allow_unverified
+    _check_objective(obj)
+    return Resolved(chosen, source if chosen else "", strict, obj or "default", bool(allow))

@@ -1,0 +1,23 @@
+"""Pieces shared by every op family's backends."""
+from __future__ import annotations
+
+import torch
+
+from ..registry import ALL_TARGETS, ANY_DEVICE, TRITON_GPU
+
+# Registration keywords of a reference backend: runs wherever torch runs, lowest band.
+REF = dict(backend="reference", capability=ANY_DEVICE, band="reference",
+           tags=("deterministic",), run_verified=("cpu",))
+
+# Registration keywords of a portable Triton backend: every Triton target is in the compile
+# matrix, the interpreter tier runs it on CPU; run verification comes from verified.json.
+TRITON = dict(backend="triton", capability=TRITON_GPU, band="portable", compiled=ALL_TARGETS,
+              interpreter=True)
+
+
+def into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """Write `y` into the caller's buffer when one was given."""
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

@@ -1,0 +1,28 @@
+"""Gated activations: silu_and_mul(x) = silu(x[..., :I]) * x[..., I:]."""
+from __future__ import annotations
+
+import torch
+
+from ... import _check
+from ...registry import fmt, select
+from . import reference, triton  # noqa: F401  (register backends)
+
+
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None,
+                 backend: str | None = None) -> torch.Tensor:
+    """SwiGLU gate: x [..., 2I] (gate half first, then up) fp32/fp16/bf16, last dim contiguous.
+    out: optional [..., I] buffer of x's dtype. Returns [..., I]; math in fp32.
+
+    >>> import torch, tskernels
+    >>> tskernels.activation.silu_and_mul(torch.tensor([[0.0, 1.0, 5.0, 7.0]])).tolist()
+    [[0.0, 5.1096...]]
+    """
+    _check.tensor("x", x, ndim=(1, 2, 3), dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
+    if x.shape[-1] % 2:
+        raise ValueError(f"x: the last dimension must be even (gate and up halves), "
+                         f"got {x.shape[-1]}")
+    half = x.shape[-1] // 2
+    _check.optional("out", out, shape=(*x.shape[:-1], half), dtypes=(x.dtype,), device=x.device)
+    k = select("activation", "silu_and_mul", device=x.device, formats={"x": fmt(x.dtype)},
+               backend=backend)
+    return k(x, out=out)

@@ -1,0 +1,95 @@
+"""Triton RMSNorm (+ fused residual add): one program normalises ROWS rows of length N.
+
+Memory-bound: each row is read once and written once (plus the residual's read and write for
+the fused form); the sum of squares is accumulated in fp32 within the program, so the launch
+needs no second pass and no atomics.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...compile import CompileCase
+from ...registry import register
+from .._common import TRITON
+
+FORMATS = {"x": ("fp32", "fp16", "bf16"), "weight": ("fp32", "fp16", "bf16")}
+MAX_HIDDEN = 65536
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_rows, N, x_stride, res_stride,
+                    y_stride, res_out_stride, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                    ROWS: tl.constexpr):
+    """y = (x [+ res]) * rsqrt(mean((x [+ res])^2) + eps) * w ; res_out = x + res."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < N
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    for i in tl.static_range(ROWS):
+        row = (pid * ROWS + i).to(tl.int64)
+        rmask = cmask & (row < n_rows)
+        x = tl.load(x_ptr + row * x_stride + cols, mask=rmask, other=0.0)
+        if HAS_RES:
+            r = tl.load(res_ptr + row * res_stride + cols, mask=rmask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+            tl.store(res_out_ptr + row * res_out_stride + cols, x, mask=rmask)
+        xf = x.to(tl.float32)
+        inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
+        y = xf * inv * w
+        tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=rmask)
+
+
+def _launch_params(N: int, n_rows: int) -> tuple[int, int, int]:
+    block = triton.next_power_of_2(N)
+    num_warps = max(1, min(16, block // 256))
+    # Small rows: several per program so each program still moves a few KB.
+    rows = max(1, min(8, 2048 // block)) if n_rows >= 1024 else 1
+    return block, num_warps, rows
+
+
+def _run(x, residual, weight, eps, out, res_out):
+    N = x.shape[-1]
+    if N > MAX_HIDDEN:
+        raise ValueError(f"x: hidden size {N} exceeds the Triton kernel's limit {MAX_HIDDEN}")
+    x2 = x.reshape(-1, N)
+    y = out if out is not None else torch.empty_like(x)
+    y2 = y.view(-1, N)
+    n_rows = x2.shape[0]
+    if n_rows == 0:
+        return y
+    block, num_warps, rows = _launch_params(N, n_rows)
+    has_res = residual is not None
+    r2 = residual.reshape(-1, N) if has_res else x2
+    ro2 = res_out.view(-1, N) if has_res else y2
+    _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
+        x2, r2, weight, y2, ro2, n_rows, N, x2.stride(0), r2.stride(0), y2.stride(0),
+        ro2.stride(0), eps, HAS_RES=has_res, BLOCK=block, ROWS=rows, num_warps=num_warps)
+    return y
+
+
+def _cases(has_res: bool):
+    sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
+           "res_out_ptr": "*bf16", "n_rows": "i32", "N": "i32", "x_stride": "i32",
+           "res_stride": "i32", "y_stride": "i32", "res_out_stride": "i32", "eps": "fp32"}
+    return [CompileCase(_rmsnorm_kernel, sig, dict(HAS_RES=has_res, BLOCK=4096, ROWS=1),
+                        num_warps=16, label="residual" if has_res else "")]
+
+
+@register("norm", "rmsnorm", **TRITON, formats=FORMATS,
+          traits={"hidden": lambda n: n <= MAX_HIDDEN}, tags=("deterministic",),
+          compile_cases=lambda: _cases(False))
+def rmsnorm(x, weight, eps, out=None):
+    """Triton RMSNorm, one pass, fp32 accumulation."""
+    return _run(x, None, weight, eps, out, None)
+
+
+@register("norm", "fused_add_rmsnorm", **TRITON, formats=FORMATS,
+          traits={"hidden": lambda n: n <= MAX_HIDDEN}, tags=("deterministic",),
+          compile_cases=lambda: _cases(True))
+def fused_add_rmsnorm(x, residual, weight, eps):
+    """Triton residual add + RMSNorm in one pass."""
+    res_out = torch.empty_like(x)
+    y = _run(x, residual, weight, eps, None, res_out)
+    return y, res_out

@@ -1,0 +1,85 @@
+"""Triton RoPE: one program rotates HEADS heads of one token.
+
+Each program loads the token's cos/sin row once (fp32) and applies it to a [HEADS, r/2] tile of
+pair elements; neox pairs (i, i + r/2), gptj pairs (2i, 2i + 1). Dims past r are copied when the
+output is a new tensor, left alone in place.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...compile import CompileCase
+from ...registry import register
+from .._common import TRITON
+
+
+@triton.jit
+def _rope_kernel(x_ptr, y_ptr, pos_ptr, cache_ptr, H, D, x_s0, x_s1, y_s0, y_s1, cache_s0,
+                 HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr,
+                 BLOCK_D: tl.constexpr, GPTJ: tl.constexpr, COPY_REST: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    i = tl.arange(0, BLOCK_HALF)
+    hmask = heads < H
+    imask = i < HALF
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cache_ptr + pos * cache_s0 + i, mask=imask, other=1.0)[None, :]
+    sin = tl.load(cache_ptr + pos * cache_s0 + HALF + i, mask=imask, other=0.0)[None, :]
+    if GPTJ:
+        ia = 2 * i
+        ib = 2 * i + 1
+    else:
+        ia = i
+        ib = i + HALF
+    m = hmask[:, None] & imask[None, :]
+    xrow = x_ptr + t * x_s0 + heads[:, None] * x_s1
+    yrow = y_ptr + t * y_s0 + heads[:, None] * y_s1
+    a = tl.load(xrow + ia[None, :], mask=m, other=0.0).to(tl.float32)
+    b = tl.load(xrow + ib[None, :], mask=m, other=0.0).to(tl.float32)
+    ya = a * cos - b * sin
+    yb = b * cos + a * sin
+    tl.store(yrow + ia[None, :], ya.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(yrow + ib[None, :], yb.to(y_ptr.dtype.element_ty), mask=m)
+    if COPY_REST:
+        d = 2 * HALF + tl.arange(0, BLOCK_D)
+        mr = hmask[:, None] & (d < D)[None, :]
+        rest = tl.load(xrow + d[None, :], mask=mr, other=0.0)
+        tl.store(yrow + d[None, :], rest, mask=mr)
+
+
+def _rotate(x, positions, cache, gptj, inplace):
+    T, H, D = x.shape
+    y = x if inplace else torch.empty_like(x)
+    if T == 0 or H == 0:
+        return y
+    half = cache.shape[1] // 2
+    heads = min(16, triton.next_power_of_2(H))
+    copy_rest = (not inplace) and 2 * half < D
+    _rope_kernel[(T, triton.cdiv(H, heads))](
+        x, y, positions, cache, H, D, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+        cache.stride(0), HALF=half, BLOCK_HALF=triton.next_power_of_2(half), HEADS=heads,
+        BLOCK_D=triton.next_power_of_2(max(D - 2 * half, 1)), GPTJ=gptj, COPY_REST=copy_rest,
+        num_warps=4)
+    return y
+
+
+def _cases():
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "pos_ptr": "*i64", "cache_ptr": "*fp32",
+           "H": "i32", "D": "i32", "x_s0": "i32", "x_s1": "i32", "y_s0": "i32", "y_s1": "i32",
+           "cache_s0": "i32"}
+    return [CompileCase(_rope_kernel, sig, dict(HALF=64, BLOCK_HALF=64, HEADS=16, BLOCK_D=1,
+                                                GPTJ=g, COPY_REST=False), label=f"gptj={g}")
+            for g in (False, True)]
+
+
+@register("rope", "apply_rope", **TRITON, formats={"q": ("fp32", "fp16", "bf16")},
+          tags=("deterministic",), compile_cases=_cases)
+def apply_rope(q, k, positions, cos_sin_cache, *, style, inplace):
+    """Triton RoPE over q and k (one launch each)."""
+    cache = cos_sin_cache if cos_sin_cache.dtype == torch.float32 else cos_sin_cache.float()
+    gptj = style == "gptj"
+    qo = _rotate(q, positions, cache, gptj, inplace)
+    ko = None if k is None else _rotate(k, positions, cache, gptj, inplace)
+    return qo, ko
