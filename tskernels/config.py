@@ -92,6 +92,31 @@ def _truthy(v: str | None) -> bool | None:
     return v.lower() in ("1", "true", "yes", "on")
 
 
+_ENV_KEYS = ("TSKERNELS_BACKEND", "TSKERNELS_OBJECTIVE", "TSKERNELS_ALLOW_UNVERIFIED",
+             "TSKERNELS_CONFIG")
+_env_snapshot: tuple | None = None
+_env_layers: tuple[_Layer, ...] = ()
+
+
+def reload() -> None:
+    """Forget the environment/TOML overrides read so far (they are re-read on next use)."""
+    global _env_snapshot
+    _env_snapshot = None
+    _toml_cache.clear()
+
+
+def _global_layers() -> tuple[_Layer, ...]:
+    """Environment and TOML layers. The environment is read through its raw dict and compared
+    with the last snapshot, so an unchanged environment costs one tuple build per call."""
+    global _env_snapshot, _env_layers
+    raw = os.environ._data  # bytes -> bytes; avoids os.environ's per-key str encoding
+    snap = tuple(raw.get(k.encode()) for k in _ENV_KEYS)
+    if snap != _env_snapshot or snap[3] is not None:
+        layers = tuple(x for x in (_env_layer(), _toml_layer()) if x is not None)
+        _env_layers, _env_snapshot = layers, snap
+    return _env_layers
+
+
 def _env_layer() -> _Layer | None:
     b = os.environ.get("TSKERNELS_BACKEND")
     o = os.environ.get("TSKERNELS_OBJECTIVE") or None
@@ -136,10 +161,8 @@ def _lookup(layer: _Layer, family: str, op: str) -> tuple[str, bool] | None:
 def resolve(family: str, op: str, backend: str | None, objective: str | None,
             allow_unverified: bool | None) -> Resolved:
     """Merge every override source for one call (strongest first)."""
-    layers = list(reversed(_stack.get()))
-    for extra in (_env_layer(), _toml_layer()):
-        if extra is not None:
-            layers.append(extra)
+    stack = _stack.get()
+    layers = (*reversed(stack), *_global_layers()) if stack else _global_layers()
     chosen, source, strict = backend, "backend= argument", True
     obj, allow = objective, allow_unverified
     for layer in layers:

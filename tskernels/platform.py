@@ -62,8 +62,12 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_CPU = Platform(vendor="cpu", name="cpu")
+_CPU_INTERP = Platform(vendor="cpu", name="cpu", interpreter=True)
+
+
 def _cpu() -> Platform:
-    return Platform(vendor="cpu", name="cpu", interpreter=interpreter_enabled())
+    return _CPU_INTERP if interpreter_enabled() else _CPU
 
 
 def nvidia_features(sm: int) -> frozenset[str]:

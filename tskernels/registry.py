@@ -352,3 +352,18 @@ def _ensure_loaded() -> None:
 def with_verification(spec: KernelSpec, **changes) -> KernelSpec:
     """A copy of `spec` with its Verification fields replaced (tests, plugins)."""
     return replace(spec, verification=replace(spec.verification, **changes))
+
+
+def verification_table() -> str:
+    """Markdown table: op x backend x how it is verified (README embeds it; a test keeps the
+    copy current)."""
+    rows = ["| op | backend | band | run-verified on | interpreter (CPU) | compile-verified for |",
+            "|---|---|---|---|---|---|"]
+    for k in kernels():
+        run = ", ".join(sorted(k.verification.run)) or "—"
+        if k.band == "reference":
+            run = "any torch device (ground truth)"
+        rows.append(f"| {k.family}.{k.op} | {k.backend} | {k.band} | {run} | "
+                    f"{'yes' if k.verification.interpreter else '—'} | "
+                    f"{', '.join(sorted(k.verification.compiled)) or '—'} |")
+    return "\n".join(rows)
