@@ -57,13 +57,17 @@ def load_all() -> list[PluginRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import registry
+    # Under `python -m tskernels.plugins` this file runs as __main__; the registry fills the
+    # `loaded` list of the imported module, so read that one.
+    from tskernels import plugins as this
+    from tskernels import registry
 
     argv = sys.argv[1:] if argv is None else argv
     if argv not in ([], ["list"]):
         print("usage: python -m tskernels.plugins list", file=sys.stderr)
         return 2
     registry.kernels()  # loads built-ins and plugins
+    loaded = this.loaded
     if not loaded:
         print(f"no plugins installed (entry-point group {GROUP!r})")
     for rec in loaded:

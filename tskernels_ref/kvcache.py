@@ -15,7 +15,7 @@ def store_mla(
 ) -> None:
     """Write each new token's latent row into its cache slot, in place.
 
-        kv_cache[slot // page_size, slot % page_size] = kv_latent[t]   for slot = slot_mapping[t] >= 0
+        kv_cache[slot // page_size, slot % page_size] = kv_latent[t]  (slot = slot_mapping[t] >= 0)
 
     Negative slots are padding and skipped. An fp8 cache is quantized on write:
     clamp(x / kv_scale, -448, 448) rounded to e4m3; other caches take x cast to their dtype.
