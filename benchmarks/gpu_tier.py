@@ -21,6 +21,8 @@ import torch
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pytest-arg", action="append", default=[],
+                    help="extra pytest argument (e.g. -n 8)")
     ap.add_argument("--kernel", action="append", required=True,
                     help="KERNEL_NAME=tests/path.py[::test_name,...]")
     args = ap.parse_args()
@@ -30,7 +32,8 @@ def main() -> int:
         kernels[name] = tests.split(",")
     files = sorted({t.split("::")[0] for ts in kernels.values() for t in ts})
     xml = args.out + ".junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", f"--junitxml={xml}", *files]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", f"--junitxml={xml}",
+           *args.pytest_arg, *files]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     print(proc.stdout[-6000:], proc.stderr[-3000:])
@@ -48,7 +51,9 @@ def main() -> int:
         ran = [c for c in mine if not c[3]]
         passed[name] = bool(ran) and not any(c[2] for c in ran)
     props = torch.cuda.get_device_properties(0)
-    res = {"target": f"sm_{props.major}{props.minor}", "device": props.name,
+    import os
+    res = {"hypothesis_profile": os.environ.get("HYPOTHESIS_PROFILE", "gpu (conftest default)"),
+           "target": f"sm_{props.major}{props.minor}", "device": props.name,
            "date": time.strftime("%Y-%m-%d"), "command": " ".join(cmd),
            "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
            "pytest_exit": proc.returncode, "passed": passed,

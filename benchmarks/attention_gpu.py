@@ -1,0 +1,165 @@
+"""One device call for the attention work: GPU test tier, launch-config sweep, CUDA-graph check,
+and the side-by-side benchmarks (JSON into $OUT).
+
+    python benchmarks/attention_gpu.py sweep            # decode variants, short table
+    python benchmarks/attention_gpu.py bench decode     # tskernels-bench rows -> $OUT/*.json
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+os.environ.setdefault("TSKERNELS_BACKEND", "attention=triton,mla=triton")
+OUT = os.environ.get("OUT", "/tmp")
+
+
+def _time(fn, sets, iters=50, graph=False):
+    from tskernels.bench.core import time_fn
+    return statistics.median(time_fn(fn, sets, "cuda", iters=iters, graph=graph))
+
+
+def sweep_decode():
+    """Time the decode kernel under several (num_splits, BLOCK_N, warps, stages) choices."""
+    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
+    import tskernels.ops.attention as attn
+    rows = []
+    shapes = [(1, 4096), (16, 4096), (64, 4096), (16, 32768), (128, 8192)]
+    for fp8, (B, L) in itertools.product((0, 1), shapes):
+        shape = {"B": B, "L": L, "fp8": fp8}
+        gen = torch.Generator("cuda").manual_seed(0)
+        nbytes = _decode_bytes(shape)
+        n_sets = max(1, min(8, (256 << 20) // nbytes))
+        sets = [_make_decode(shape, "cuda", gen) for _ in range(n_sets)]
+        for s in sets:
+            del s["kcont"], s["vcont"]
+        auto = attn.decode_plan(sets[0]["pt"], sets[0]["lens"], num_q_heads=32,
+                                k_cache=sets[0]["kc"], q_dtype=torch.bfloat16,
+                                kv_scale_mode="per_tensor" if fp8 else None)
+        splits = sorted({auto.num_splits, max(1, auto.num_splits // 2), auto.num_splits * 2})
+        best = None
+        for ns, bn, nw, st in itertools.product(splits, (32, 64, 128), (4, 8), (2, 3, 4)):
+            if bn == 128 and not fp8 and st == 4:
+                continue
+            plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
+                                      q_dtype=torch.bfloat16, num_splits=ns,
+                                      kv_scale_mode="per_tensor" if fp8 else None)
+                     for s in sets]
+            for p in plans:
+                p.block_n, p.num_warps, p.num_stages = bn, nw, st
+            outs = [torch.empty_like(s["q"]) for s in sets]
+            runs = [dict(p=p, s=s, o=o) for p, s, o in zip(plans, sets, outs)]
+            fn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
+                                     k_scale=r["s"].get("ks"), v_scale=r["s"].get("vs"),
+                                     out=r["o"])
+            try:
+                us = _time(fn, runs, iters=30, graph=True)
+            except Exception as e:  # out of shared memory etc.
+                print("skip", shape, ns, bn, nw, st, type(e).__name__, str(e)[:80])
+                continue
+            row = dict(shape=shape, splits=ns, block_n=bn, warps=nw, stages=st, us=us,
+                       tbps=nbytes / us / 1e6, auto=ns == auto.num_splits)
+            rows.append(row)
+            if best is None or us < best["us"]:
+                best = row
+        print(f"BEST {shape} auto_splits={auto.num_splits}: {best}", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    with open(f"{OUT}/attention_decode_sweep.json", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def sweep_extend():
+    """Extend launch configs on the prefill / chunk shapes, checked against SDPA."""
+    from tskernels.bench.cases.attention import (_extend_flops, _make_extend, _prepare_extend,
+                                                 _sdpa_extend)
+    rows = []
+    for shape in ({"N": 16384, "P": 0}, {"N": 1024, "P": 16384}):
+        gen = torch.Generator("cuda").manual_seed(0)
+        d = _prepare_extend(_make_extend(shape, "cuda", gen))
+        ref = _sdpa_extend(d, d["kcont"], d["vcont"])[0].transpose(0, 1).float()
+        for cfg in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+                    (128, 32, 8, 4), (128, 128, 8, 2)):
+            p = d["plan"]
+            p.block_m, p.block_n, p.num_warps, p.num_stages = cfg
+            p.__init__(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
+                       head_dim=128, page_size=16, q_dtype=torch.bfloat16,
+                       kv_dtype=torch.bfloat16, scale=128 ** -0.5, config=cfg)
+            try:
+                o = p.run(d["q"], d["kc"], d["vc"]).float()
+                err = ((o - ref).norm() / ref.norm()).item()
+                us = _time(lambda _: p.run(d["q"], d["kc"], d["vc"], out=d["out"]), [d],
+                           iters=20)
+            except Exception as e:
+                print("skip", shape, cfg, type(e).__name__, str(e)[:100])
+                continue
+            rows.append(dict(shape=shape, cfg=cfg, us=us, err=err,
+                             tflops=_extend_flops(shape) / us / 1e6))
+            print("EXT", rows[-1], flush=True)
+        del d
+        torch.cuda.empty_cache()
+    with open(f"{OUT}/attention_extend_sweep.json", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def sweep_mla():
+    """MLA decode launch configs (rows per program, keys per step, warps, stages)."""
+    from tskernels.bench.cases.mla import _bytes, _make, _prepare, _torch_bmm
+    rows = []
+    for shape in ({"B": 64, "L": 4096, "fp8": 0}, {"B": 16, "L": 32768, "fp8": 0},
+                  {"B": 64, "L": 4096, "fp8": 1}):
+        gen = torch.Generator("cuda").manual_seed(0)
+        d = _prepare(_make(shape, "cuda", gen))
+        ref = _torch_bmm(d).float()
+        for cfg in ((64, 32, 8, 2), (64, 16, 8, 2), (32, 32, 8, 2), (32, 32, 4, 2),
+                    (64, 32, 8, 3), (16, 64, 4, 3), (64, 64, 8, 2), (128, 16, 8, 2)):
+            p = d["plan"]
+            from tskernels.ops.mla.triton import MLAPlan
+            p = MLAPlan(p.qo_indptr, d["pt"], d["lens"], num_heads=128, kv_lora_rank=512,
+                        rope_dim=64, page_size=64, scale=p.scale, causal=False,
+                        max_new_tokens=1, block_r=cfg[0], block_n=cfg[1], num_warps=cfg[2],
+                        num_stages=cfg[3])
+            try:
+                o = p.run(d["q"], d["cache"], kv_scale=d.get("scale")).float()
+                err = ((o - ref).norm() / ref.norm()).item()
+                us = _time(lambda _: p.run(d["q"], d["cache"], kv_scale=d.get("scale"),
+                                           out=d["out"]), [d], iters=20, graph=True)
+            except Exception as e:
+                print("skip", shape, cfg, type(e).__name__, str(e)[:100])
+                continue
+            rows.append(dict(shape=shape, cfg=cfg, splits=p.num_splits, us=us, err=err,
+                             tbps=_bytes(shape) / us / 1e6))
+            print("MLA", rows[-1], flush=True)
+        del d
+        torch.cuda.empty_cache()
+    with open(f"{OUT}/mla_decode_sweep.json", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def bench(ops):
+    from tskernels.bench.core import run_bench
+    for spec in ops:  # "decode" (both modes), "extend:plain" or "mla.decode:graph"
+        op, _, mode = spec.partition(":")
+        for graph in {"plain": (False,), "graph": (True,)}.get(mode, (False, True)):
+            res = run_bench(f"attention.{op}" if "." not in op else op, graph=graph, iters=30)
+            tag = op.replace(".", "_") + ("_graph" if graph else "")
+            with open(f"{OUT}/{tag}.json", "w") as f:
+                json.dump(res, f, indent=1)
+            from tskernels.bench.cli import _table
+            print(_table(res), flush=True)
+
+
+if __name__ == "__main__":
+    stage = sys.argv[1]
+    if stage == "sweep":
+        sweep_decode()
+    elif stage == "sweep_extend":
+        sweep_extend()
+    elif stage == "sweep_mla":
+        sweep_mla()
+    elif stage == "bench":
+        bench(sys.argv[2:])

@@ -1,0 +1,195 @@
+"""Paged attention: write K/V into pages, decode, extend (prefill and chunked prefill).
+
+KV cache layout per layer: k_cache, v_cache [num_pages, page_size, num_kv_heads, head_dim]
+(bf16/fp16/fp32, or fp8-e4m3 with float32 k_scale/v_scale, per tensor [1] or per head
+[num_kv_heads]). page_table int32 [batch, max_pages]; seq_lens int32 [batch] = tokens in the
+cache per request (for extend: prefix + new tokens). GQA: query head h reads KV head
+h // (num_q_heads // num_kv_heads).
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import _check
+from ...registry import fmt, select
+from . import _validate as v
+from . import reference, triton_decode, triton_extend, triton_store  # noqa: F401  (register backends)
+
+
+def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
+    """Write new tokens' K/V into their cache slots, in place.
+
+    k, v_: [T, num_kv_heads, head_dim]. slot_mapping: int64 [T], page * page_size + offset;
+    negative slots are skipped (padding). For an fp8 cache, values are quantized on write:
+    clamp(x / scale, +-448) -> e4m3, with k_scale/v_scale float32 [1] or [num_kv_heads].
+    """
+    _check.tensor("k", k, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
+    T, hkv, d = k.shape
+    _check.tensor("v", v_, shape=(T, hkv, d), dtypes=(k.dtype,), device=k.device,
+                  contiguous_last=True)
+    v.kv_cache(k_cache, v_cache, head_dim=d, device=k.device)
+    if k_cache.shape[2] != hkv:
+        raise ValueError(f"k_cache: {k_cache.shape[2]} KV heads, k has {hkv}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache/v_cache: must be contiguous")
+    _check.tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(T,),
+                  device=k.device)
+    mode = v.scales(k_cache, k_scale, v_scale)
+    kv = fmt(k_cache.dtype) + (f":{mode}" if mode else "")
+    kern = select("attention", "store_kv", device=k.device,
+                  formats={"k": fmt(k.dtype), "kv": kv}, traits={"head_dim": d},
+                  backend=backend)
+    kern(k, v_, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           page_table: torch.Tensor, seq_lens: torch.Tensor, *, scale: float | None = None,
+           sliding_window: int | None = None, softcap: float | None = None,
+           sinks: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+           v_scale: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+    """One query token per request against its paged KV.
+
+    q: [B, Hq, D]. scale: softmax scale (default 1/sqrt(D)). sliding_window W: attend to the
+    last W keys only. softcap c: logits = c * tanh(logits / c). sinks: float32 [Hq], one extra
+    logit per head in the softmax denominator. A request with seq_len 0 gets zeros.
+    Returns o [B, Hq, D] in q's dtype.
+    """
+    _check.tensor("q", q, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
+    B, hq, d = q.shape
+    v.kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
+    v.gqa(hq, k_cache.shape[2])
+    v.paged(page_table, seq_lens, B, q.device)
+    v.options(hq, softcap, sliding_window, sinks, q.device)
+    mode = v.scales(k_cache, k_scale, v_scale)
+    prob = v.problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window,
+                     sinks=sinks)
+    return select("attention", "decode", backend=backend, **prob)(
+        q, k_cache, v_cache, page_table, seq_lens, scale=scale or d ** -0.5,
+        sliding_window=sliding_window, softcap=softcap, sinks=sinks, k_scale=k_scale,
+        v_scale=v_scale)
+
+
+def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads: int,
+                k_cache: torch.Tensor, q_dtype: torch.dtype = torch.bfloat16,
+                scale: float | None = None, sliding_window: int | None = None,
+                softcap: float | None = None, sinks: bool = False,
+                kv_scale_mode: str | None = None, max_seq_len: int | None = None,
+                num_splits: int | None = None, backend: str | None = None):
+    """Plan a batch of decode steps once; `plan.run(q, k_cache, v_cache, ...)` per layer.
+
+    page_table int32 [B, max_pages] and seq_lens int32 [B] are kept by reference (update them
+    in place between CUDA-graph replays). k_cache gives the cache's shape and dtype.
+    kv_scale_mode: "per_tensor" / "per_head" for an fp8 cache. max_seq_len: the longest
+    sequence the plan will see (sizes the split; default max_pages * page_size, no sync).
+    num_splits: override the split-KV factor. `run(q, k_cache, v_cache, *, sinks=None,
+    k_scale=None, v_scale=None, out=None)` returns o [B, Hq, D]; with the Triton backend it
+    neither synchronises nor allocates (given `out`), so it can be captured in a CUDA graph.
+
+    >>> import torch, tskernels.ops.attention as attn
+    >>> kc = torch.randn(4, 16, 2, 64); vc = torch.randn(4, 16, 2, 64)
+    >>> plan = attn.decode_plan(torch.tensor([[1, 2]], dtype=torch.int32),
+    ...                         torch.tensor([20], dtype=torch.int32), num_q_heads=8,
+    ...                         k_cache=kc, q_dtype=torch.float32, backend="reference")
+    >>> plan.run(torch.randn(1, 8, 64), kc, vc).shape
+    torch.Size([1, 8, 64])
+    """
+    B = page_table.shape[0]
+    _, page_size, hkv, d = k_cache.shape
+    v.gqa(num_q_heads, hkv)
+    v.paged(page_table, seq_lens, B, k_cache.device)
+    kern = _select_planned("decode", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
+                           sinks, kv_scale_mode, backend)
+    kw = dict(num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+              q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
+              sliding_window=sliding_window, softcap=softcap, max_seq_len=max_seq_len)
+    if num_splits is not None:
+        kw["num_splits"] = num_splits
+    return kern.fn.make_plan(page_table, seq_lens, **kw)
+
+
+def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor, *,
+           causal: bool = True, scale: float | None = None, sliding_window: int | None = None,
+           softcap: float | None = None, sinks: torch.Tensor | None = None,
+           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+           backend: str | None = None) -> torch.Tensor:
+    """New tokens of a ragged batch attending to their paged prefix and themselves.
+
+    q: [T, Hq, D]; qo_indptr: int32 [B + 1] (request b owns q rows qo_indptr[b]:qo_indptr[b+1]).
+    The new tokens' K/V must already be in the cache (`store_kv` first); request b's new tokens
+    sit at positions seq_lens[b] - n_b .. seq_lens[b] - 1. causal: each token sees keys up to
+    its own position. Other options as in `decode`. Returns o [T, Hq, D] in q's dtype.
+    Serves prefill (no prefix) and chunked prefill alike.
+    """
+    _check.tensor("q", q, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
+    T, hq, d = q.shape
+    _check.tensor("qo_indptr", qo_indptr, ndim=1, dtypes=(torch.int32,), device=q.device)
+    B = qo_indptr.shape[0] - 1
+    if B < 0:
+        raise ValueError("qo_indptr: needs at least one element (batch + 1)")
+    v.kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
+    v.gqa(hq, k_cache.shape[2])
+    v.paged(page_table, seq_lens, B, q.device)
+    v.options(hq, softcap, sliding_window, sinks, q.device)
+    mode = v.scales(k_cache, k_scale, v_scale)
+    prob = v.problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window,
+                     sinks=sinks)
+    return select("attention", "extend", backend=backend, **prob)(
+        q, k_cache, v_cache, qo_indptr, page_table, seq_lens, causal=causal,
+        scale=scale or d ** -0.5, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale)
+
+
+def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor, *,
+                num_q_heads: int, k_cache: torch.Tensor, q_dtype: torch.dtype = torch.bfloat16,
+                causal: bool = True, scale: float | None = None,
+                sliding_window: int | None = None, softcap: float | None = None,
+                sinks: bool = False, kv_scale_mode: str | None = None,
+                backend: str | None = None):
+    """Plan an extend batch once (reads qo_indptr on the host here, never in `run`);
+    `plan.run(q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None)`
+    returns o [T, Hq, D]. Arguments as in `extend` and `decode_plan`."""
+    B = qo_indptr.shape[0] - 1
+    _, page_size, hkv, d = k_cache.shape
+    v.gqa(num_q_heads, hkv)
+    v.paged(page_table, seq_lens, B, k_cache.device)
+    kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
+                           sinks, kv_scale_mode, backend)
+    return kern.fn.make_plan(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
+                             num_kv_heads=hkv, head_dim=d, page_size=page_size,
+                             q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
+                             causal=causal, sliding_window=sliding_window, softcap=softcap)
+
+
+def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, sinks,
+                    kv_scale_mode, backend):
+    _, page_size, hkv, d = k_cache.shape
+    if (k_cache.dtype in _check.FP8) != (kv_scale_mode is not None):
+        raise ValueError("kv_scale_mode: give 'per_tensor' or 'per_head' exactly when the "
+                         f"cache is fp8 (cache dtype {k_cache.dtype}, got {kv_scale_mode!r})")
+    kv = fmt(k_cache.dtype) + (f":{kv_scale_mode}" if kv_scale_mode else "")
+    return select("attention", op, device=k_cache.device, formats={"q": fmt(q_dtype), "kv": kv},
+                  traits={"head_dim": d, "page_size": page_size, "gqa": num_q_heads // hkv,
+                          "softcap": softcap is not None,
+                          "sliding_window": sliding_window is not None, "sinks": sinks},
+                  backend=backend)
+
+
+def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                 lse_b: torch.Tensor, *, backend: str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention results over disjoint key sets (split-KV).
+
+    o_a, o_b: [N, H, D]; lse_a, lse_b: float32 [N, H] natural-log sum of exp of the logits.
+    Returns (o, lse) of the union.
+    """
+    _check.tensor("o_a", o_a, ndim=3, dtypes=_check.FLOAT_OR_FP64)
+    _check.tensor("o_b", o_b, shape=tuple(o_a.shape), dtypes=(o_a.dtype,), device=o_a.device)
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        _check.tensor(name, t, shape=tuple(o_a.shape[:2]), dtypes=(torch.float32, torch.float64),
+                      device=o_a.device)
+    kern = select("attention", "merge_states", device=o_a.device,
+                  formats={"o": fmt(o_a.dtype)}, backend=backend)
+    return kern(o_a, lse_a, o_b, lse_b)

@@ -1,0 +1,65 @@
+"""Shared argument checks of the attention family (public boundary only)."""
+from __future__ import annotations
+
+import torch
+
+from ... import _check
+from ...registry import fmt
+
+KV_DTYPES = _check.FLOAT_OR_FP64 + _check.FP8
+
+
+def kv_cache(k_cache, v_cache, *, head_dim=None, device=None):
+    _check.tensor("k_cache", k_cache, ndim=4, dtypes=KV_DTYPES, device=device)
+    _check.tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(k_cache.dtype,),
+                  device=k_cache.device)
+    if head_dim is not None and k_cache.shape[3] != head_dim:
+        raise ValueError(f"k_cache: head_dim {k_cache.shape[3]} != q's head_dim {head_dim}")
+    return k_cache.shape  # num_pages, page_size, num_kv_heads, head_dim
+
+
+def scales(k_cache, k_scale, v_scale):
+    fp8 = k_cache.dtype in _check.FP8
+    hkv = k_cache.shape[2]
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            if fp8:
+                raise ValueError(f"{name}: required when the KV cache is fp8")
+            continue
+        _check.tensor(name, s, dtypes=(torch.float32,), device=k_cache.device)
+        if s.numel() not in (1, hkv):
+            raise ValueError(f"{name}: expected 1 (per-tensor) or {hkv} (per-head) elements, "
+                             f"got shape {tuple(s.shape)}")
+    if not fp8 or k_scale is None:
+        return None
+    return "per_tensor" if k_scale.numel() == 1 else "per_head"
+
+
+def paged(page_table, seq_lens, batch, device):
+    _check.tensor("page_table", page_table, ndim=2, dtypes=(torch.int32,), shape=(batch, None),
+                  device=device)
+    _check.tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), shape=(batch,),
+                  device=device)
+
+
+def options(q_heads, softcap, sliding_window, sinks, device):
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap: expected a positive cap or None, got {softcap}")
+    if sliding_window is not None and not (isinstance(sliding_window, int) and sliding_window > 0):
+        raise ValueError(f"sliding_window: expected a positive int or None, got {sliding_window}")
+    _check.optional("sinks", sinks, shape=(q_heads,), dtypes=(torch.float32,), device=device)
+
+
+def problem(q, k_cache, scale_mode, *, softcap, sliding_window, sinks):
+    num_pages, page_size, hkv, d = k_cache.shape
+    kv = fmt(k_cache.dtype) + (f":{scale_mode}" if scale_mode else "")
+    return dict(device=q.device, formats={"q": fmt(q.dtype), "kv": kv},
+                traits={"head_dim": d, "page_size": page_size, "gqa": q.shape[-2] // hkv,
+                        "softcap": softcap is not None, "sliding_window": sliding_window is not None,
+                        "sinks": sinks is not None})
+
+
+def gqa(q_heads, kv_heads):
+    if kv_heads == 0 or q_heads % kv_heads:
+        raise ValueError(f"q has {q_heads} heads, not a multiple of the cache's {kv_heads} "
+                         "KV heads (GQA needs num_q_heads % num_kv_heads == 0)")

@@ -1,0 +1,63 @@
+"""Reference backend of the attention family."""
+from __future__ import annotations
+
+import tskernels_ref.attention as ref
+
+from ...registry import register
+from .._common import REF
+
+
+@register("attention", "store_kv", **REF)
+def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
+    ref.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+
+@register("attention", "decode", **REF)
+def decode(q, k_cache, v_cache, page_table, seq_lens, **kw):
+    return ref.decode(q, k_cache, v_cache, page_table, seq_lens, **kw)
+
+
+@register("attention", "extend", **REF)
+def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, **kw):
+    return ref.extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, **kw)
+
+
+@register("attention", "merge_states", **REF)
+def merge_states(o_a, lse_a, o_b, lse_b):
+    return ref.merge_states(o_a, lse_a, o_b, lse_b)
+
+
+class _RefDecodePlan:
+    """Plan over the reference decode: stores the metadata, runs eagerly (not graph-safe)."""
+
+    def __init__(self, page_table, seq_lens, *, scale, sliding_window=None, softcap=None,
+                 **_):
+        self.page_table, self.seq_lens = page_table, seq_lens
+        self.opts = dict(scale=scale, sliding_window=sliding_window, softcap=softcap)
+        self.num_splits = 1
+
+    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
+        o = ref.decode(q, k_cache, v_cache, self.page_table, self.seq_lens, sinks=sinks,
+                       k_scale=k_scale, v_scale=v_scale, **self.opts)
+        return o if out is None else out.copy_(o)
+
+
+decode.make_plan = _RefDecodePlan
+
+
+class _RefExtendPlan:
+    """Plan over the reference extend: stores the metadata, runs eagerly (not graph-safe)."""
+
+    def __init__(self, qo_indptr, page_table, seq_lens, *, scale, causal=True,
+                 sliding_window=None, softcap=None, **_):
+        self.args = (qo_indptr, page_table, seq_lens)
+        self.opts = dict(scale=scale, causal=causal, sliding_window=sliding_window,
+                         softcap=softcap)
+
+    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
+        o = ref.extend(q, k_cache, v_cache, *self.args, sinks=sinks, k_scale=k_scale,
+                       v_scale=v_scale, **self.opts)
+        return o if out is None else out.copy_(o)
+
+
+extend.make_plan = _RefExtendPlan

@@ -1,0 +1,33 @@
+"""Reference backend of the MLA family."""
+from __future__ import annotations
+
+import tskernels_ref.mla as ref
+
+from ...registry import register
+from .._common import REF
+
+
+@register("mla", "decode", **REF)
+def decode(q, kv_cache, page_table, seq_lens, **kw):
+    return ref.decode(q, kv_cache, page_table, seq_lens, **kw)
+
+
+@register("mla", "extend", **REF)
+def extend(q, kv_cache, qo_indptr, page_table, seq_lens, **kw):
+    return ref.extend(q, kv_cache, qo_indptr, page_table, seq_lens, **kw)
+
+
+class _RefDecodePlan:
+    """Plan over the reference MLA decode: stores the metadata, runs eagerly."""
+
+    def __init__(self, page_table, seq_lens, *, scale, kv_lora_rank, **_):
+        self.args = (page_table, seq_lens)
+        self.opts = dict(scale=scale, kv_lora_rank=kv_lora_rank)
+        self.num_splits = 1
+
+    def run(self, q, kv_cache, *, kv_scale=None, out=None):
+        o = ref.decode(q, kv_cache, *self.args, kv_scale=kv_scale, **self.opts)
+        return o if out is None else out.copy_(o)
+
+
+decode.make_plan = _RefDecodePlan

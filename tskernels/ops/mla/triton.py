@@ -1,0 +1,232 @@
+"""Triton absorbed-MLA attention over a paged latent cache: decode and extend in one kernel.
+
+Math (tskernels_ref.mla): row i of the cache is [c_kv (DC = kv_lora_rank) | k_rope (DR)];
+    s_j = scale * kv_scale * (q . row_j)        over all DC + DR values
+    o   = kv_scale * softmax(s) @ rows[:, :DC]
+All heads share the one latent "KV head", so a program takes BLOCK_R (token, head) rows of one
+request (decode: the heads of its single token; extend: token-major rows, causal per row) and
+streams the request's latent rows once for all of them: the [BLOCK_R x 576] @ [576 x BLOCK_N]
+logits and the [BLOCK_R x BLOCK_N] @ [BLOCK_N x 512] update are tensor-core dots. Split-KV
+partials are combined by the attention family's merge kernel (rows = (token, head)).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...compile import CompileCase
+from ...platform import platform_of
+from ...registry import register
+from .._common import TRITON
+from ..attention.triton_decode import LN2, LOG2E, _merge_kernel
+
+
+@triton.jit
+def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr, plse_ptr,
+                sm_scale, num_splits, H, q_st, q_sh, kv_sp, kv_ss, pt_sb, o_st, o_sh,
+                DC: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                SCALED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    split = tl.program_id(0)
+    rb = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    q_start = tl.load(qo_ptr + b)
+    n = tl.load(qo_ptr + b + 1) - q_start
+    if rb * BLOCK_R >= n * H:
+        return
+    L = tl.load(lens_ptr + b)
+    r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    rm = r < n * H
+    tok = r // H
+    h = r % H
+    pos = L - n + tok
+    hi = L
+    if CAUSAL:
+        hi = L - n + tl.minimum((rb * BLOCK_R + BLOCK_R - 1) // H, n - 1) + 1
+    chunk = tl.cdiv(tl.cdiv(hi, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, hi)
+
+    dc = tl.arange(0, DC)
+    dr = tl.arange(0, DR)
+    qrow = (q_start + tok).to(tl.int64) * q_st + h * q_sh
+    qc = tl.load(q_ptr + qrow[:, None] + dc[None, :], mask=rm[:, None], other=0.0)
+    qr = tl.load(q_ptr + qrow[:, None] + DC + dr[None, :], mask=rm[:, None], other=0.0)
+    qk_scale = sm_scale * LOG2E
+    v_scale = 1.0
+    if SCALED:
+        v_scale = tl.load(kvs_ptr)
+        qk_scale *= v_scale
+
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, DC], tl.float32)
+    pt_row = pt_ptr + b * pt_sb
+    for t0 in range(start, end, BLOCK_N):
+        j = t0 + tl.arange(0, BLOCK_N)
+        jm = j < end
+        page = tl.load(pt_row + j // PAGE, mask=jm, other=0).to(tl.int64)
+        base = page * kv_sp + (j % PAGE) * kv_ss
+        kc = tl.load(kv_ptr + base[:, None] + dc[None, :], mask=jm[:, None], other=0.0)
+        kr = tl.load(kv_ptr + base[:, None] + DC + dr[None, :], mask=jm[:, None], other=0.0)
+        kc = kc.to(qc.dtype)
+        if IEEE:
+            s = tl.dot(qc, tl.trans(kc), input_precision="ieee")
+            s = tl.dot(qr, tl.trans(kr.to(qr.dtype)), s, input_precision="ieee")
+        else:
+            s = tl.dot(qc, tl.trans(kc))
+            s = tl.dot(qr, tl.trans(kr.to(qr.dtype)), s)
+        ok = jm[None, :]
+        if CAUSAL:
+            ok = ok & (j[None, :] <= pos[:, None])
+        s = tl.where(ok, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, kc, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(kc.dtype), kc)
+        m_i = m_new
+
+    acc = acc * v_scale
+    has = l_i > 0
+    o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+    t = (q_start + tok).to(tl.int64)
+    if SPLIT:
+        row = (t * H + h) * num_splits + split
+        lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+        tl.store(po_ptr + row[:, None] * DC + dc[None, :], o, mask=rm[:, None])
+        tl.store(plse_ptr + row, lse, mask=rm)
+    else:
+        tl.store(o_ptr + t[:, None] * o_st + h[:, None] * o_sh + dc[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+class MLAPlan:
+    """Per-batch MLA metadata and workspace (decode: qo_indptr = arange(B + 1)).
+
+    Reads qo_indptr on the host once here; `run` neither syncs nor allocates (given `out`).
+    """
+
+    def __init__(self, qo_indptr, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim,
+                 page_size, scale, causal, max_seq_len=None, num_splits=None, block_r=None,
+                 block_n=None, num_warps=None, num_stages=None, max_new_tokens=None):
+        self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
+        self.H, self.dc, self.dr, self.page_size = num_heads, kv_lora_rank, rope_dim, page_size
+        self.scale, self.causal = scale, causal
+        dev = page_table.device
+        gpu = dev.type == "cuda"
+        self.block_r = block_r or (min(64, max(16, triton.next_power_of_2(num_heads))) if gpu
+                                   else 16)
+        self.block_n = block_n or (64 if gpu else 16)  # H200 sweep: best of 16/32/64
+        self.num_warps = num_warps or (8 if gpu else 4)
+        self.num_stages = num_stages or (2 if gpu else 1)
+        B = page_table.shape[0]
+        if max_new_tokens is None:
+            max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
+        self.row_blocks = max(1, triton.cdiv(max_new_tokens * num_heads, self.block_r))
+        if max_seq_len is None:
+            max_seq_len = page_table.shape[1] * page_size
+        sms = platform_of(dev).num_sms if gpu else 4
+        if num_splits is None:
+            base = max(1, B * self.row_blocks)
+            num_splits = max(1, min(triton.cdiv(2 * sms, base),
+                                    triton.cdiv(max(max_seq_len, 1), 256), 64))
+        self.num_splits = num_splits
+        self.batch = B
+        if num_splits > 1:
+            T = int(qo_indptr[-1]) if max_new_tokens != 1 else B
+            self.partial_o = torch.empty(T * num_heads * num_splits, kv_lora_rank,
+                                         dtype=torch.float32, device=dev)
+            self.partial_lse = torch.empty(T * num_heads * num_splits, dtype=torch.float32,
+                                           device=dev)
+            self.num_tokens = T
+
+    def run(self, q, kv_cache, *, kv_scale=None, out=None):
+        """q [T, H, DC + DR] -> o [T, H, DC] (into `out` when given)."""
+        T = q.shape[0]
+        o = out if out is not None else q.new_empty(T, self.H, self.dc)
+        if self.batch == 0 or T == 0:
+            return o
+        split = self.num_splits > 1
+        dummy = self.seq_lens
+        _mla_kernel[(self.num_splits, self.row_blocks, self.batch)](
+            q, kv_cache, self.qo_indptr, self.page_table, self.seq_lens,
+            kv_scale if kv_scale is not None else dummy, o,
+            self.partial_o if split else o, self.partial_lse if split else dummy,
+            self.scale, self.num_splits, self.H, q.stride(0), q.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), self.page_table.stride(0), o.stride(0),
+            o.stride(1), DC=self.dc, DR=self.dr, PAGE=self.page_size, BLOCK_R=self.block_r,
+            BLOCK_N=self.block_n, SPLIT=split, SCALED=kv_scale is not None,
+            CAUSAL=self.causal, IEEE=q.dtype == torch.float32, num_warps=self.num_warps,
+            num_stages=self.num_stages)
+        if split:
+            _merge_kernel[(self.H, T)](
+                self.partial_o, self.partial_lse, dummy, o, self.num_splits, self.H,
+                o.stride(0), o.stride(1), D=self.dc, BLOCK_D=self.dc,
+                BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)), SINKS=False,
+                num_warps=4)
+        return o
+
+
+def _cases():
+    out = []
+    for kv_t in ("*bf16", "*fp8e4nv"):
+        sig = {"q_ptr": "*bf16", "kv_ptr": kv_t, "qo_ptr": "*i32", "pt_ptr": "*i32",
+               "lens_ptr": "*i32", "kvs_ptr": "*fp32", "o_ptr": "*bf16", "po_ptr": "*fp32",
+               "plse_ptr": "*fp32", "sm_scale": "fp32", "num_splits": "i32", "H": "i32"}
+        sig.update({k: "i32" for k in ("q_st", "q_sh", "kv_sp", "kv_ss", "pt_sb", "o_st",
+                                       "o_sh")})
+        fp8 = kv_t != "*bf16"
+        c = dict(DC=512, DR=64, PAGE=64, BLOCK_R=64, BLOCK_N=32, SPLIT=fp8, SCALED=fp8,
+                 CAUSAL=fp8, IEEE=False)
+        out.append(CompileCase(_mla_kernel, sig, c, num_warps=8, num_stages=2, uses_dot=True,
+                               label=kv_t[1:]))
+    return out
+
+
+def _pow2(x):
+    return x >= 16 and x & (x - 1) == 0
+
+
+FORMATS = {"q": ("fp32", "fp16", "bf16"), "kv": ("fp32", "fp16", "bf16", "fp8_e4m3:per_tensor")}
+TRAITS = {"kv_lora_rank": _pow2, "rope_dim": _pow2, "page_size": lambda p: 1 <= p <= 256,
+          "num_heads": lambda h: 1 <= h <= 128}
+
+
+def _plan(q, kv_cache, qo_indptr, page_table, seq_lens, scale, causal, kv_lora_rank, **kw):
+    return MLAPlan(qo_indptr, page_table, seq_lens, num_heads=q.shape[1],
+                   kv_lora_rank=kv_lora_rank, rope_dim=kv_cache.shape[-1] - kv_lora_rank,
+                   page_size=kv_cache.shape[1], scale=scale, causal=causal, **kw)
+
+
+@register("mla", "decode", **TRITON, formats=FORMATS, traits=TRAITS,
+          tags=("deterministic", "latency", "throughput"), compile_cases=_cases)
+def decode(q, kv_cache, page_table, seq_lens, *, scale, kv_lora_rank=512, kv_scale=None):
+    """Triton absorbed-MLA paged decode, split-KV planned per call."""
+    indptr = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    plan = _plan(q, kv_cache, indptr, page_table, seq_lens, scale, False, kv_lora_rank,
+                 max_new_tokens=1)
+    return plan.run(q, kv_cache, kv_scale=kv_scale)
+
+
+@register("mla", "extend", **TRITON, formats=FORMATS, traits=TRAITS,
+          tags=("deterministic", "throughput"), compile_cases=_cases)
+def extend(q, kv_cache, qo_indptr, page_table, seq_lens, *, scale, causal=True,
+           kv_lora_rank=512, kv_scale=None):
+    """Triton absorbed-MLA paged extend (causal per token)."""
+    plan = _plan(q, kv_cache, qo_indptr, page_table, seq_lens, scale, causal, kv_lora_rank)
+    return plan.run(q, kv_cache, kv_scale=kv_scale)
+
+
+def make_decode_plan(page_table, seq_lens, **kw):
+    B = page_table.shape[0]
+    indptr = torch.arange(B + 1, dtype=torch.int32, device=page_table.device)
+    return MLAPlan(indptr, page_table, seq_lens, causal=False, max_new_tokens=1, **kw)
+
+
+decode.make_plan = make_decode_plan
