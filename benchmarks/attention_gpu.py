@@ -92,7 +92,7 @@ def sweep_extend():
             try:
                 o = p.run(d["q"], d["kc"], d["vc"]).float()
                 err = ((o - ref).norm() / ref.norm()).item()
-                us = _time(lambda _: p.run(d["q"], d["kc"], d["vc"], out=d["out"]), [d],
+                us = _time(lambda d: p.run(d["q"], d["kc"], d["vc"], out=d["out"]), [d],
                            iters=20)
             except Exception as e:
                 print("skip", shape, cfg, type(e).__name__, str(e)[:100])
@@ -126,7 +126,7 @@ def sweep_mla():
             try:
                 o = p.run(d["q"], d["cache"], kv_scale=d.get("scale")).float()
                 err = ((o - ref).norm() / ref.norm()).item()
-                us = _time(lambda _: p.run(d["q"], d["cache"], kv_scale=d.get("scale"),
+                us = _time(lambda d: p.run(d["q"], d["cache"], kv_scale=d.get("scale"),
                                            out=d["out"]), [d], iters=20, graph=True)
             except Exception as e:
                 print("skip", shape, cfg, type(e).__name__, str(e)[:100])

@@ -58,13 +58,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """
     _check.tensor("q", q, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
     B, hq, d = q.shape
-    v.kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
-    v.gqa(hq, k_cache.shape[2])
-    v.paged(page_table, seq_lens, B, q.device)
-    v.options(hq, softcap, sliding_window, sinks, q.device)
-    mode = v.scales(k_cache, k_scale, v_scale)
-    prob = v.problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window,
-                     sinks=sinks)
+    prob = v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
+                           sliding_window=sliding_window, sinks=sinks, k_scale=k_scale,
+                           v_scale=v_scale)
     return select("attention", "decode", backend=backend, **prob)(
         q, k_cache, v_cache, page_table, seq_lens, scale=scale or d ** -0.5,
         sliding_window=sliding_window, softcap=softcap, sinks=sinks, k_scale=k_scale,
@@ -129,13 +125,9 @@ def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     B = qo_indptr.shape[0] - 1
     if B < 0:
         raise ValueError("qo_indptr: needs at least one element (batch + 1)")
-    v.kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
-    v.gqa(hq, k_cache.shape[2])
-    v.paged(page_table, seq_lens, B, q.device)
-    v.options(hq, softcap, sliding_window, sinks, q.device)
-    mode = v.scales(k_cache, k_scale, v_scale)
-    prob = v.problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window,
-                     sinks=sinks)
+    prob = v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
+                           sliding_window=sliding_window, sinks=sinks, k_scale=k_scale,
+                           v_scale=v_scale)
     return select("attention", "extend", backend=backend, **prob)(
         q, k_cache, v_cache, qo_indptr, page_table, seq_lens, causal=causal,
         scale=scale or d ** -0.5, sliding_window=sliding_window, softcap=softcap, sinks=sinks,

@@ -63,3 +63,15 @@ def gqa(q_heads, kv_heads):
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q has {q_heads} heads, not a multiple of the cache's {kv_heads} "
                          "KV heads (GQA needs num_q_heads % num_kv_heads == 0)")
+
+
+def query_problem(q, k_cache, v_cache, page_table, seq_lens, batch, *, softcap, sliding_window,
+                  sinks, k_scale, v_scale):
+    """Every check of a decode/extend call against its paged cache; returns select()'s problem."""
+    hq, d = q.shape[1], q.shape[2]
+    kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
+    gqa(hq, k_cache.shape[2])
+    paged(page_table, seq_lens, batch, q.device)
+    options(hq, softcap, sliding_window, sinks, q.device)
+    mode = scales(k_cache, k_scale, v_scale)
+    return problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window, sinks=sinks)
