@@ -7,9 +7,10 @@ shipped tables and a heuristic fallback. Knows nothing about specific kernels.
     store.put("norm.rmsnorm.triton", device_key(), "N=4096", best.config)
     cfg = store.get("norm.rmsnorm.triton", device_key(), "N=4096", fallback=heuristic)
 """
-from .cache import Store, device_key
+from .cache import Store, default_store, device_key, pow2_bucket
 from .search import Result, search
 from .space import Space
 from .timer import cpu_timer, cuda_timer
 
-__all__ = ["Result", "Space", "Store", "cpu_timer", "cuda_timer", "device_key", "search"]
+__all__ = ["Result", "Space", "Store", "cpu_timer", "cuda_timer", "default_store", "device_key",
+           "pow2_bucket", "search"]

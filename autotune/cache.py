@@ -6,6 +6,7 @@ problem key (a short string the kernel derives from its problem, e.g. "N=4096").
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,13 +17,31 @@ from pathlib import Path
 SHIPPED = Path(__file__).with_name("tables")
 
 
+@functools.lru_cache(maxsize=None)
+def _device_key(index: int | None) -> str:
+    return _compute_device_key(index)
+
+
 def device_key(device=None) -> str:
-    """'nvidia-h200', 'amd-mi300x', 'cpu': lower-case vendor + model, stable across machines."""
+    """'nvidia-h200', 'amd-mi300x', 'cpu': lower-case vendor + model, stable across machines
+    (cached per device)."""
     try:
         import torch
 
-        if device is not None and torch.device(device).type == "cpu":
-            return "cpu"
+        if device is not None:
+            d = torch.device(device)
+            if d.type == "cpu":
+                return "cpu"
+            return _device_key(d.index)
+    except Exception:
+        return "cpu"
+    return _device_key(None)
+
+
+def _compute_device_key(device=None) -> str:
+    try:
+        import torch
+
         if not torch.cuda.is_available():
             return "cpu"
         name = torch.cuda.get_device_name(device)
@@ -77,3 +96,19 @@ class Store:
             tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
             tmp.replace(path)
             return path
+
+
+_default: Store | None = None
+
+
+def default_store() -> Store:
+    """The process-wide store (user cache + shipped tables) kernels consult at plan time."""
+    global _default
+    if _default is None:
+        _default = Store()
+    return _default
+
+
+def pow2_bucket(n: int) -> int:
+    """Smallest power of two >= n (>= 1): the bucket a problem size is tuned under."""
+    return 1 << max(0, int(n) - 1).bit_length()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from autotune import default_store, device_key, pow2_bucket
 import triton.language as tl
 
 from ...compile import CompileCase
@@ -200,6 +201,25 @@ def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]
     return block_n, 4, 3
 
 
+TUNE_KERNEL = "attention.decode.triton"
+
+
+def tune_key(head_dim: int, kv: str, group: int, batch_x_kv_heads: int, max_seq_len: int) -> str:
+    """The autotune problem key of a decode batch: power-of-two buckets of the program count
+    and the longest sequence, so nearby batches share a tuned entry."""
+    return (f"d{head_dim}-{kv}-g{group}-bh{pow2_bucket(batch_x_kv_heads)}"
+            f"-L{pow2_bucket(max_seq_len)}")
+
+
+def _tuned(device, head_dim, kv_dtype, group, batch_x_kv_heads, max_seq_len) -> dict | None:
+    """A shipped/user-tuned config for this bucket on this device, if one was measured."""
+    if device.type != "cuda":
+        return None
+    kv = "fp8" if kv_dtype.itemsize == 1 else "bf16"
+    return default_store().get(TUNE_KERNEL, device_key(device),
+                               tune_key(head_dim, kv, group, batch_x_kv_heads, max_seq_len))
+
+
 class DecodePlan:
     """Per-batch decode metadata and workspace; `run` is CUDA-graph capturable.
 
@@ -217,18 +237,22 @@ class DecodePlan:
         self.group = num_q_heads // num_kv_heads
         self.page_size, self.q_dtype, self.kv_dtype = page_size, q_dtype, kv_dtype
         self.scale, self.window, self.softcap = scale, sliding_window, softcap
-        bn, nw, ns = _launch_config(head_dim, kv_dtype)
-        self.block_n, self.num_warps, self.num_stages = block_n or bn, num_warps or nw, \
-            num_stages or ns
-        self.block_d = max(16, triton.next_power_of_2(head_dim))
-        self.fp8_asm = kv_dtype == torch.float8_e4m3fn and page_table.device.type == "cuda" \
-            and torch.version.hip is None
-        self.block_g = max(16, triton.next_power_of_2(self.group))
+        dev = page_table.device
         if max_seq_len is None:  # an upper bound that needs no host sync
             max_seq_len = page_table.shape[1] * page_size
         if sliding_window:
             max_seq_len = min(max_seq_len, sliding_window)
-        dev = page_table.device
+        tuned = _tuned(dev, head_dim, kv_dtype, self.group, self.batch * num_kv_heads,
+                       max_seq_len) or {}
+        bn, nw, ns = _launch_config(head_dim, kv_dtype)
+        self.block_n = block_n or tuned.get("block_n", bn)
+        self.num_warps = num_warps or tuned.get("num_warps", nw)
+        self.num_stages = num_stages or tuned.get("num_stages", ns)
+        num_splits = num_splits or tuned.get("num_splits")
+        self.block_d = max(16, triton.next_power_of_2(head_dim))
+        self.fp8_asm = kv_dtype == torch.float8_e4m3fn and page_table.device.type == "cuda" \
+            and torch.version.hip is None
+        self.block_g = max(16, triton.next_power_of_2(self.group))
         sms = platform_of(dev).num_sms if dev.type == "cuda" else 4
         self.num_splits = num_splits or choose_splits(self.batch, num_kv_heads, max_seq_len,
                                                       sms, self.block_n)
