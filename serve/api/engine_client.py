@@ -1,0 +1,196 @@
+"""API-process side of the ZMQ link: starts the engine process, routes its outputs to requests.
+
+One `RequestGroup` per HTTP request holds the engine requests behind it (n choices x prompts)
+and one queue their outputs land in. Closing a group aborts whatever is unfinished, which is
+how a disconnected client's KV pages get freed. If the engine process dies, every open group
+receives `EngineDeadError` and `on_engine_death` fires (the CLI shuts the server down).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+from typing import Callable
+
+import zmq
+import zmq.asyncio
+
+from serve import ipc
+
+log = logging.getLogger("serve.api")
+_WATCH_INTERVAL_S = 0.1
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class ShuttingDownError(EngineDeadError):
+    pass
+
+
+class EngineRejectedError(ValueError):
+    pass
+
+
+class RequestGroup:
+    def __init__(self, client: "EngineClient", request_ids: list[str]):
+        self._client = client
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.unfinished = set(request_ids)
+
+    async def next(self) -> dict:
+        """The next output of any request in the group; raises if the engine died or rejected."""
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item["request_id"] in self.unfinished:   # drop late outputs of aborted requests
+                if item["finished"]:
+                    self.unfinished.discard(item["request_id"])
+                return item
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self.unfinished:
+            self.unfinished.discard(request_id)
+            self._client.send(("abort", request_id))
+
+    def close(self) -> None:
+        """Aborts unfinished requests and stops routing. Synchronous, so safe under cancellation."""
+        for request_id in list(self.unfinished):
+            self.abort(request_id)
+        self._client.unregister(self)
+
+
+class EngineClient:
+    def __init__(self, model: str, engine_kwargs: dict, target: str = ipc.DEFAULT_ENGINE):
+        self.model, self.engine_kwargs, self.target = model, engine_kwargs, target
+        self.info: dict = {}
+        self.stats: dict = {}
+        self.dead = False
+        self.closing = False   # set when the server stops: new requests get 503
+        self.on_engine_death: Callable[[], None] | None = None
+        self.on_stats: Callable[[dict], None] | None = None
+        self._groups: dict[str, RequestGroup] = {}
+        self._outgoing: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._process = None
+        self._ipc_dir = None
+        self._ctx = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def start(self) -> dict:
+        """Spawns the engine process and waits until its model is loaded."""
+        self._ipc_dir = tempfile.mkdtemp(prefix="serve-ipc-")
+        in_addr, out_addr = f"ipc://{self._ipc_dir}/in", f"ipc://{self._ipc_dir}/out"
+        self._ctx = zmq.asyncio.Context()
+        self._to_engine = self._ctx.socket(zmq.PUSH)
+        self._to_engine.setsockopt(zmq.LINGER, 0)
+        self._to_engine.bind(in_addr)
+        self._from_engine = self._ctx.socket(zmq.PULL)
+        self._from_engine.setsockopt(zmq.LINGER, 0)
+        self._from_engine.bind(out_addr)
+        mp = multiprocessing.get_context("spawn")
+        self._process = mp.Process(
+            target=ipc.engine_main, name="serve-engine", daemon=True,
+            args=(self.target, self.model, self.engine_kwargs, in_addr, out_addr, os.getpid()))
+        self._process.start()
+        log.info("engine process pid=%d loading %s", self._process.pid, self.model)
+        while not await self._from_engine.poll(_WATCH_INTERVAL_S * 1000):
+            if not self._process.is_alive():
+                raise EngineDeadError(
+                    f"engine process exited with code {self._process.exitcode} while loading")
+        kind, self.info = await self._from_engine.recv_pyobj()
+        assert kind == "ready", kind
+        self._tasks = [asyncio.create_task(coro) for coro in
+                       (self._read_loop(), self._send_loop(), self._watch_loop())]
+        return self.info
+
+    def send(self, msg: tuple) -> None:
+        if not self.dead:
+            self._outgoing.put_nowait(msg)
+
+    def submit(self, requests: list[tuple[str, list[int], dict]]) -> RequestGroup:
+        """Queues (request_id, prompt_token_ids, sampling_params) adds; returns their group."""
+        if self.dead:
+            raise EngineDeadError("the engine process is not running")
+        if self.closing:
+            raise ShuttingDownError("the server is shutting down")
+        group = RequestGroup(self, [r[0] for r in requests])
+        for request_id, prompt_token_ids, params in requests:
+            self._groups[request_id] = group
+            self.send(("add", request_id, list(prompt_token_ids), params))
+        return group
+
+    def unregister(self, group: RequestGroup) -> None:
+        for request_id in [r for r, g in self._groups.items() if g is group]:
+            del self._groups[request_id]
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._to_engine.send_pyobj(await self._outgoing.get())
+
+    async def _read_loop(self) -> None:
+        while True:
+            msg = await self._from_engine.recv_pyobj()
+            if msg[0] == "outputs":
+                for out in msg[1]:
+                    group = self._groups.get(out["request_id"])
+                    if group is not None:
+                        group.queue.put_nowait(out)
+                self._set_stats(msg[2])
+            elif msg[0] == "stats":
+                self._set_stats(msg[1])
+            elif msg[0] == "error":
+                group = self._groups.get(msg[1])
+                if group is not None:
+                    group.queue.put_nowait(EngineRejectedError(msg[2]))
+
+    def _set_stats(self, stats: dict) -> None:
+        self.stats = stats
+        if self.on_stats:
+            self.on_stats(stats)
+
+    async def _watch_loop(self) -> None:
+        while self._process.is_alive():
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+        self.dead = True
+        log.error("engine process died (exit code %s); failing in-flight requests",
+                  self._process.exitcode)
+        self.fail_all(EngineDeadError("the engine process died"))
+        if self.on_engine_death:
+            self.on_engine_death()
+
+    def fail_all(self, error: Exception) -> None:
+        """Ends every open request with `error` (engine death, server shutdown)."""
+        for group in set(self._groups.values()):
+            group.queue.put_nowait(error)
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Asks the engine to exit, kills it if it does not; reaps it."""
+        for task in self._tasks:
+            task.cancel()
+        proc = self._process
+        if proc is not None:
+            if proc.is_alive() and not self.info:
+                proc.terminate()   # still loading: it reads no messages, but exits on SIGTERM
+            elif proc.is_alive():
+                try:
+                    await asyncio.wait_for(self._to_engine.send_pyobj(("shutdown",)), 1.0)
+                except (asyncio.TimeoutError, zmq.ZMQError):
+                    pass
+            await asyncio.to_thread(proc.join, timeout_s)
+            if proc.is_alive():
+                log.warning("engine process did not exit in %.0f s; killing it", timeout_s)
+                proc.kill()
+                await asyncio.to_thread(proc.join, 5.0)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+        if self._ipc_dir:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""`python -m serve [MODEL]`: an OpenAI-compatible server (API process + engine process).
+
+Start-up order: bind the port (fail fast if taken), start the engine process and wait for its
+model, build the app with the engine's tokenizer, serve; the URL is printed once requests are
+accepted. SIGINT/SIGTERM: uvicorn drains connections (bounded), then the engine process is
+asked to exit, terminated if it does not, and reaped. If the engine dies, the server answers
+503 and exits with status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+
+from serve import ipc
+
+log = logging.getLogger("serve")
+GRACEFUL_SHUTDOWN_S = 5   # uvicorn's limit for open connections after a signal
+_STREAM_GRACE_S = 3.0     # in-flight requests may finish for this long, then end with a 503
+_DEATH_GRACE_S = 0.5   # lets 503 bodies reach clients before the server stops
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serve", description=__doc__.split("\n")[0])
+    p.add_argument("model", nargs="?", default="default",
+                   help="'default' (the embedded SmolLM2-135M-Instruct, on CPU without a GPU), "
+                        "a local HF model directory, or 'dummy:<config>' (random weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1/*")
+    p.add_argument("--served-model-name", help="the model id clients see (default: the engine's name)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("--engine", default=ipc.DEFAULT_ENGINE, help=argparse.SUPPRESS)  # tests: fake engines
+    e = p.add_argument_group("engine", "unset flags keep the engine's defaults")
+    e.add_argument("--max-model-len", type=int, help="context length: prompt + completion tokens")
+    e.add_argument("--max-num-seqs", type=int, help="most requests in one running batch")
+    e.add_argument("--chunked-prefill-size", type=int, help="token budget per step (prefill chunks + decodes)")
+    e.add_argument("--page-size", type=int, help="tokens per KV page")
+    e.add_argument("--num-kv-pages", type=int, help="KV pool size in pages (instead of a memory fraction)")
+    e.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"])
+    e.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory for weights + KV")
+    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV pages of shared prompt prefixes")
+    e.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
+    e.add_argument("--device", help="auto, cpu or cuda")
+    e.add_argument("--seed", type=int, help="seed for weights of dummy models and unseeded sampling")
+    return p
+
+
+ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
+                "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
+                "device", "seed")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The EngineArgs the user set; unset flags keep the engine's defaults."""
+    return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(False)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_serve(args, sock))
+    finally:
+        sock.close()
+
+
+async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
+    import uvicorn
+
+    from serve.api import EngineClient, EngineDeadError, ServerState, build_app
+
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    phase = {"name": "loading"}
+
+    def on_signal(signum, frame):
+        # While loading, abort start-up; while serving, uvicorn's own handler is installed and
+        # re-raises the signal after draining, which lands here again and is ignored.
+        if phase["name"] == "loading":
+            log.info("signal %d during start-up; stopping", signum)
+            loop.call_soon_threadsafe(main_task.cancel)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+
+    client = EngineClient(args.model, engine_kwargs(args), target=args.engine)
+    exit_code = 0
+    try:
+        try:
+            info = await client.start()
+        except EngineDeadError as e:
+            log.error("%s", e)
+            return 1
+        except asyncio.CancelledError:
+            return 0
+        name = args.served_model_name or info["model_name"]
+        state = ServerState(client=client, tokenizer=info["tokenizer"], model_name=name,
+                            max_model_len=info["max_model_len"],
+                            model_names={name, info["model_name"], args.model})
+        config = uvicorn.Config(build_app(state, args.api_key), lifespan="off",
+                                log_level=args.log_level, access_log=args.access_log,
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        server = uvicorn.Server(config)
+
+        def on_engine_death():
+            nonlocal exit_code
+            if server.should_exit:   # a signal for the whole process group: not a failure
+                return
+            exit_code = 1
+            loop.call_later(_DEATH_GRACE_S, setattr, server, "should_exit", True)
+
+        client.on_engine_death = on_engine_death
+        phase["name"] = "serving"
+        helpers = [asyncio.create_task(_announce(server, sock, name)),
+                   asyncio.create_task(_end_requests_on_exit(server, client))]
+        await server.serve(sockets=[sock])
+        for task in helpers:
+            task.cancel()
+        phase["name"] = "stopping"
+        log.info("stopping the engine process")
+        return exit_code
+    finally:
+        phase["name"] = "stopping"
+        await client.shutdown()
+
+
+async def _end_requests_on_exit(server, client) -> None:
+    """After a signal, lets in-flight requests run for a while, then ends them with a 503
+    (an SSE error event for streams) so clients see a complete response, not a cut connection."""
+    from serve.api.engine_client import ShuttingDownError
+
+    while not server.should_exit:
+        await asyncio.sleep(0.05)
+    client.closing = True
+    await asyncio.sleep(_STREAM_GRACE_S)
+    client.fail_all(ShuttingDownError("the server is shutting down"))
+
+
+async def _announce(server, sock: socket.socket, model_name: str) -> None:
+    while not server.started:
+        await asyncio.sleep(0.05)
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    print(f"Serving {model_name} at http://{host}:{port}/v1 (OpenAI API; /health, /metrics)",
+          flush=True)
