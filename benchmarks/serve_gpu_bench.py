@@ -1,0 +1,144 @@
+"""GPU serving figure: the Engine vs HF transformers `generate` on a dummy Llama-3-8B-shape model
+(random bf16 weights), side by side in one run: decode ms/step at B=1, tokens/s at B=32 and 64.
+
+    python benchmarks/serve_gpu_bench.py [--json benchmarks/results/h200/serve_gpu.json]
+        [--profile]   # also print where a decode step's GPU time goes (torch.profiler)
+    python benchmarks/serve_gpu_bench.py --device cpu --dtype float32 --model dummy:tiny-llama \
+        --batch 1 4 --new-tokens 8    # smoke run without a GPU
+
+Decode ms/step is the median wall time of steady-state decode steps (prefill excluded);
+tokens/s counts generated tokens over the whole generate call, prefill included, on both sides.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+
+import torch
+
+PROMPT_LEN = 128
+
+
+def _sync():
+    if torch.cuda.is_available():
+        _sync()
+
+
+def engine_figures(engine, batch: int, new_tokens: int):
+    from serve.engine import SamplingParams
+
+    g = torch.Generator().manual_seed(batch)
+    vocab = min(30000, engine.hf_config.vocab_size)
+    prompts = [torch.randint(10, vocab, (PROMPT_LEN,), generator=g).tolist()
+               for _ in range(batch)]
+    p = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"b{batch}-{i}", ids, p)
+    step_ms = []
+    t0 = time.perf_counter()
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        outs = engine.step()
+        dt = (time.perf_counter() - t) * 1e3
+        if len(outs) == batch and all(o.completion_tokens > 1 for o in outs):  # pure decode
+            step_ms.append(dt)
+    wall = time.perf_counter() - t0
+    return statistics.median(step_ms), batch * new_tokens / wall
+
+
+@torch.inference_mode()
+def hf_figures(model, batch: int, new_tokens: int):
+    dev = next(model.parameters()).device
+    x = torch.randint(10, min(30000, model.config.vocab_size), (batch, PROMPT_LEN), device=dev)
+    kw = dict(attention_mask=torch.ones_like(x), do_sample=False, pad_token_id=0,
+              min_new_tokens=new_tokens)
+    model.generate(x[:, :8], max_new_tokens=2, **kw)
+    _sync()
+    t = time.perf_counter()
+    model.generate(x, max_new_tokens=1, **kw)
+    _sync()
+    prefill = time.perf_counter() - t
+    t = time.perf_counter()
+    model.generate(x, max_new_tokens=new_tokens, **kw)
+    _sync()
+    wall = time.perf_counter() - t
+    return (wall - prefill) / (new_tokens - 1) * 1e3, batch * new_tokens / wall
+
+
+def profile_decode(engine, batch: int = 1) -> list[tuple[str, float]]:
+    from serve.engine import SamplingParams
+
+    engine.add_request("prof", list(range(10, 10 + PROMPT_LEN)),
+                       SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    acts = [torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available()
+            else torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(4):
+            engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    cuda = torch.cuda.is_available()
+    rows = sorted(((e.key, (e.device_time_total if cuda else e.self_cpu_time_total) / 4e3)
+                   for e in prof.key_averages()),
+                  key=lambda r: -r[1])
+    return rows[:15]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="dummy:llama-3-8b")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32, 64])
+    a = ap.parse_args()
+
+    from serve.engine import Engine
+
+    t = time.perf_counter()
+    engine = Engine(a.model, device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
+                    max_model_len=1024, num_kv_pages=8192)
+    load_s = time.perf_counter() - t
+    graphs = engine.runner.graphs is not None
+    print(f"engine ready in {load_s:.1f}s, CUDA graphs: {graphs}", flush=True)
+    rows = {}
+    for b in a.batch:
+        ms, tps = engine_figures(engine, b, a.new_tokens)
+        rows[f"engine_b{b}"] = dict(decode_ms_per_step=ms, tok_s=tps)
+        print(f"engine B={b}: decode {ms:.2f} ms/step, {tps:.0f} tok/s", flush=True)
+    if a.profile:
+        rows["engine_b1_gpu_time_ms"] = profile_decode(engine)
+        for k, v in rows["engine_b1_gpu_time_ms"]:
+            print(f"  {v:8.3f} ms  {k[:90]}")
+    if not a.no_hf:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from serve.config import DUMMY_CONFIGS
+        d = dict(DUMMY_CONFIGS[a.model.removeprefix("dummy:")])
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+        with torch.device(a.device):
+            hf = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.dtype)).eval()
+        for b in a.batch:
+            ms, tps = hf_figures(hf, b, a.new_tokens)
+            rows[f"hf_b{b}"] = dict(decode_ms_per_step=ms, tok_s=tps)
+            print(f"HF generate B={b}: decode {ms:.2f} ms/step, {tps:.0f} tok/s", flush=True)
+    dev_name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    out = dict(date=datetime.date.today().isoformat(), device=dev_name,
+               torch=torch.__version__, model=a.model, prompt_len=PROMPT_LEN,
+               new_tokens=a.new_tokens, cuda_graphs=graphs, load_s=load_s,
+               speed_of_light_ms=16.06e9 / 4.3e12 * 1e3, rows=rows)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

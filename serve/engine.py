@@ -1,0 +1,297 @@
+"""Engine: the C++ scheduler + the model runner + a tokenizer, in-process.
+
+    engine = Engine("default")                         # SmolLM2-135M-Instruct on the CPU
+    out = engine.generate(["The capital of France is"], SamplingParams(max_tokens=8))
+    for o in engine.stream("Hello", SamplingParams(max_tokens=8)): print(o.new_token_ids)
+
+The server drives it with add_request / step / abort; `step()` runs one scheduler plan and
+returns a RequestOutput for every request that produced a token or finished.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import scheduler
+
+from .config import DTYPES, EngineArgs, eos_token_ids, load_model_config
+from .model_runner import ModelRunner, SampleRequest
+from .models import model_class
+from .sampling_params import GenerateOutput, RequestOutput, SamplingParams
+from .weights import build_model
+
+__all__ = ["Engine", "EngineArgs", "GenerateOutput", "RequestOutput", "SamplingParams"]
+
+log = logging.getLogger(__name__)
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass
+class _Request:
+    request_id: str
+    sid: int
+    prompt_len: int
+    params: SamplingParams
+    seed: int
+    num_generated: int = 0
+    done: bool = False
+    aborted: bool = False
+    outputs: list = field(default_factory=list)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Engine:
+    def __init__(self, model: str = "default", **kwargs):
+        args = EngineArgs.from_kwargs(**kwargs)
+        self.args = args
+        self.device = _device(args.device)
+        hf_cfg, ckpt = load_model_config(model)
+        self.hf_config = hf_cfg
+        self.model_name = self._name(model, ckpt)
+        if args.dtype != "auto":
+            self.dtype = DTYPES[args.dtype]
+        elif self.device.type == "cpu":
+            self.dtype = torch.float32  # the CPU references compute in fp32 anyway
+        else:
+            self.dtype = torch.bfloat16
+        cap = int(getattr(hf_cfg, "max_position_embeddings", 0) or 8192)
+        self.max_model_len = args.max_model_len or min(cap, 8192)
+        if self.max_model_len > cap:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {cap}")
+        self._tokenizer = self._own_tokenizer(ckpt)
+        self.model = build_model(model_class(hf_cfg), hf_cfg, device=self.device,
+                                 dtype=self.dtype, max_position=self.max_model_len,
+                                 checkpoint=ckpt, seed=args.seed)
+        self.runner = ModelRunner(self.model, hf_cfg, args, device=self.device, dtype=self.dtype,
+                                  max_model_len=self.max_model_len)
+        # tokens per step, decode tokens included (the scheduler bounds both by it)
+        self.token_budget = args.chunked_prefill_size or (
+            2048 if self.device.type == "cuda" else 512)
+        self.eos_token_ids = eos_token_ids(hf_cfg, self._tokenizer, ckpt)
+        self.scheduler = scheduler.Scheduler(scheduler.SchedulerConfig(
+            num_pages=self.runner.num_pages, page_size=args.page_size,
+            max_running=args.max_num_seqs, token_budget=self.token_budget,
+            max_context=self.max_model_len, enable_prefix_cache=args.enable_prefix_caching,
+            eos_token_ids=self.eos_token_ids))
+        self.kv_capacity = (self.runner.num_pages - 1) * args.page_size
+        self._rng = random.Random(args.seed)
+        self._ids = itertools.count(1)
+        self._requests: dict[str, _Request] = {}
+        self._by_sid: dict[int, _Request] = {}
+        self.num_generated_tokens = 0
+        log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens", self.model_name,
+                 self.device, str(self.dtype).removeprefix("torch."), self.runner.num_pages - 1,
+                 args.page_size)
+
+    @staticmethod
+    def _name(model: str, ckpt: str | None) -> str:
+        if model == "default":
+            return "SmolLM2-135M-Instruct"
+        return model if ckpt is None else model.rstrip("/").rsplit("/", 1)[-1]
+
+    @staticmethod
+    def _own_tokenizer(ckpt: str | None):
+        from transformers import AutoTokenizer
+
+        if ckpt is None:
+            return None
+        try:
+            return AutoTokenizer.from_pretrained(ckpt)
+        except (OSError, ValueError, TypeError) as e:
+            log.warning("no tokenizer in %s (%s); using the default model's", ckpt, e)
+            return None
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer; dummy weights (or a directory without one) get the
+        default model's, loaded on first use (token ids beyond the model's vocab are refused)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            from .default_model import smollm2_dir
+            self._tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
+        return self._tokenizer
+
+    # ---- request API ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id: expected a non-empty str, got {request_id!r}")
+        if request_id in self._requests:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
+        ids = self._check_prompt(prompt_token_ids)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        sid = next(self._ids)
+        self.scheduler.submit(sid, ids, params.max_tokens, list(params.stop_token_ids),
+                              params.ignore_eos, 0)
+        req = _Request(request_id, sid, len(ids), params, seed & _SEED_MASK)
+        self._requests[request_id] = req
+        self._by_sid[sid] = req
+
+    def _check_prompt(self, ids) -> list[int]:
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+            raise ValueError(f"prompt_token_ids: expected a list of ints, got {type(ids).__name__}")
+        ids = list(ids)
+        if not ids:
+            raise ValueError("prompt_token_ids: empty prompt")
+        vocab = self.hf_config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
+                raise ValueError(f"prompt_token_ids: expected token ids in [0, {vocab}), got {t!r}")
+        limit = min(self.max_model_len, self.kv_capacity)
+        if len(ids) >= limit:
+            raise ValueError(f"prompt_token_ids: the prompt has {len(ids)} tokens; it must be "
+                             f"shorter than max_model_len ({limit}) to leave room for output")
+        return [int(t) for t in ids]
+
+    def abort(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is None or req.done:
+            raise KeyError(request_id)
+        if not req.aborted:  # the "abort" output comes from the next step()
+            req.aborted = True
+            self.scheduler.abort(req.sid)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        if not self.scheduler.has_work():
+            return []
+        plan = self.scheduler.next_plan()
+        sids = np.asarray(plan.request_ids)
+        rows = {int(s): r for r, s in enumerate(sids)}
+        sample = np.asarray(plan.sample)
+        reqs = []
+        for r, s in enumerate(sids):
+            q = self._by_sid.get(int(s)) if sample[r] else None
+            p = q.params if q is not None else None
+            reqs.append(None if q is None else SampleRequest(
+                p.temperature, p.top_k, p.top_p, p.min_p, q.seed, q.num_generated, p.logprobs))
+        if len(sids):
+            result = self.runner.run(plan, reqs)
+            sampled = result.token_ids
+            lp_row = {int(r): i for i, r in enumerate(result.sample_rows)}
+        else:
+            result, sampled, lp_row = None, np.zeros(0, np.int32), {}
+        outputs = []
+        for sid, token, reason in self.scheduler.advance(plan, sampled):
+            req = self._by_sid.get(sid)
+            if req is None:
+                continue
+            new, lps, tops = [], None, None
+            if token >= 0:
+                new = [int(token)]
+                req.num_generated += 1
+                self.num_generated_tokens += 1
+                lps, tops = self._logprobs(req, result, lp_row.get(rows.get(sid, -1)), token)
+            if reason is not None:
+                self._finish(req)
+            outputs.append(RequestOutput(req.request_id, new, lps, tops, reason is not None,
+                                         reason, req.prompt_len, req.num_generated))
+        return outputs
+
+    def _logprobs(self, req, result, i, token):
+        n = req.params.logprobs
+        if n is None or result is None or i is None or result.logprobs is None:
+            return None, None
+        tops = []
+        if n > 0 and result.top_logprobs is not None:
+            vals, ids = result.top_logprobs
+            tops = [(int(ids[i, j]), float(vals[i, j])) for j in range(n)]
+        return [float(result.logprobs[i])], [tops]
+
+    def _finish(self, req: _Request) -> None:
+        req.done = True
+        self._requests.pop(req.request_id, None)
+        self._by_sid.pop(req.sid, None)
+
+    def stats(self) -> dict:
+        s = self.scheduler.stats()
+        total = s["num_pages"] - 1
+        used = total - s["free_pages"] - s["cached_pages"]
+        q = s["prefix_query_tokens"]
+        return dict(running=s["running"], waiting=s["waiting"], kv_pages_total=total,
+                    kv_pages_used=used, kv_usage=used / total if total else 0.0,
+                    kv_pages_cached=s["cached_pages"],
+                    prefix_hit_rate=s["prefix_hit_tokens"] / q if q else 0.0,
+                    prefix_hit_tokens=s["prefix_hit_tokens"], prefix_query_tokens=q,
+                    retractions=s["retractions"],
+                    num_generated_tokens=self.num_generated_tokens)
+
+    # ---- convenience: sync generate and streaming --------------------------------------------
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt)["input_ids"])
+        return list(prompt)
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[GenerateOutput]:
+        """Run prompts (strings or token-id lists) to completion; results in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"params: {len(plist)} SamplingParams for {len(prompts)} prompts")
+        results, order = {}, []
+        for prompt, p in zip(prompts, plist):
+            rid = f"gen-{next(self._ids)}"
+            ids = self._encode(prompt)
+            self.add_request(rid, ids, p)
+            results[rid] = GenerateOutput(rid, ids, logprobs=[] if p.logprobs is not None else None,
+                                          top_logprobs=[] if p.logprobs is not None else None)
+            order.append(rid)
+        pending = set(order)
+        while pending:
+            for out in self.step():
+                res = results.get(out.request_id)
+                if res is None:
+                    continue
+                self._accumulate(res, out)
+                if out.finished:
+                    pending.discard(out.request_id)
+        for res in results.values():
+            res.text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+        return [results[rid] for rid in order]
+
+    @staticmethod
+    def _accumulate(res: GenerateOutput, out: RequestOutput) -> None:
+        res.token_ids += out.new_token_ids
+        if res.logprobs is not None and out.logprobs:
+            res.logprobs += out.logprobs
+            res.top_logprobs += out.top_logprobs or []
+        if out.finished:
+            res.finish_reason = out.finish_reason
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield this request's RequestOutputs as they are produced (other requests in the
+        engine advance too; their outputs are not reported here)."""
+        rid = f"stream-{next(self._ids)}"
+        self.add_request(rid, self._encode(prompt), params or SamplingParams())
+        try:
+            while True:
+                for out in self.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            if rid in self._requests:  # the consumer stopped early: free its pages
+                self.abort(rid)
+                while rid in self._requests:
+                    self.step()

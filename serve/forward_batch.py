@@ -1,0 +1,126 @@
+"""One step's batch as the layers see it: positions, slots, and the attention state whose plans
+are built once per step and reused by every layer.
+
+The scheduler orders rows decodes first (one token each), then prefill chunks, so the first
+`num_decode` tokens are decode tokens: they go through the decode plan, the rest through one
+ragged extend plan (chunked prefill with a cached prefix is the same op).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import tskernels
+
+
+class KVPool:
+    """The paged cache of every layer. GQA: k/v [L, num_pages, page_size, Hkv, D]; MLA (latent):
+    [L, num_pages, page_size, width]. Page 0 is the scheduler's null page (padding)."""
+
+    def __init__(self, spec: dict, num_pages: int, page_size: int, dtype: torch.dtype, device):
+        self.spec, self.num_pages, self.page_size, self.dtype = spec, num_pages, page_size, dtype
+        self.fp8 = dtype == torch.float8_e4m3fn
+        n = spec["num_layers"]
+        if spec["kind"] == "gqa":
+            shape = (n, num_pages, page_size, spec["num_kv_heads"], spec["head_dim"])
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        else:
+            self.kv = torch.zeros(n, num_pages, page_size, spec["width"], dtype=dtype,
+                                  device=device)
+        # fp8 pools use unit per-tensor scales (no calibration data for random or bf16 weights)
+        self.scale = torch.ones(1, dtype=torch.float32, device=device) if self.fp8 else None
+
+    @staticmethod
+    def bytes_per_token(spec: dict, dtype: torch.dtype) -> int:
+        elt = torch.empty(0, dtype=dtype).element_size()
+        if spec["kind"] == "gqa":
+            return spec["num_layers"] * 2 * spec["num_kv_heads"] * spec["head_dim"] * elt
+        return spec["num_layers"] * spec["width"] * elt
+
+
+@dataclass
+class StepMeta:
+    """Device tensors of one plan (or of a CUDA-graph's static buffers)."""
+
+    positions: torch.Tensor     # int32 [T]
+    slot_mapping: torch.Tensor  # int64 [T]
+    qo_indptr: torch.Tensor     # int32 [R+1]
+    page_table: torch.Tensor    # int32 [R, P]
+    seq_lens: torch.Tensor      # int32 [R]
+    num_decode: int
+    num_requests: int
+    max_seq_len: int | None = None  # decode plan sizing (graphs: max_model_len)
+
+
+class AttentionState:
+    """Plans for one step, shared by all layers; `forward` / `forward_mla` per layer."""
+
+    def __init__(self, pool: KVPool, meta: StepMeta, *, num_q_heads: int, q_dtype,
+                 mla_scale: float | None = None, kv_lora_rank: int | None = None,
+                 backend: str | None = None):
+        self.pool, self.meta, self.backend = pool, meta, backend
+        nd, nr = meta.num_decode, meta.num_requests
+        self.num_decode_tokens = nd
+        mode = "per_tensor" if pool.fp8 else None
+        self.decode = self.extend = None
+        self.extend_args = None
+        if pool.spec["kind"] == "gqa":
+            like = pool.k[0]
+            if nd:
+                self.decode = tskernels.attention.decode_plan(
+                    meta.page_table[:nd], meta.seq_lens[:nd], num_q_heads=num_q_heads,
+                    k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode,
+                    max_seq_len=meta.max_seq_len, backend=backend)
+            if nr > nd:
+                self.extend = tskernels.attention.extend_plan(
+                    meta.qo_indptr[nd:] - nd, meta.page_table[nd:], meta.seq_lens[nd:],
+                    num_q_heads=num_q_heads, k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode,
+                    backend=backend)
+        else:
+            like = pool.kv[0]
+            if nd:
+                self.decode = tskernels.mla.decode_plan(
+                    meta.page_table[:nd], meta.seq_lens[:nd], num_heads=num_q_heads,
+                    kv_cache=like, scale=mla_scale, q_dtype=q_dtype, kv_lora_rank=kv_lora_rank,
+                    max_seq_len=meta.max_seq_len)
+            if nr > nd:
+                self.extend_args = (meta.qo_indptr[nd:] - nd, meta.page_table[nd:],
+                                    meta.seq_lens[nd:])
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store the new tokens' K/V, then attend. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        p, s = self.pool, self.pool.scale
+        kc, vc = p.k[layer], p.v[layer]
+        tskernels.attention.store_kv(k, v, kc, vc, self.meta.slot_mapping, k_scale=s, v_scale=s,
+                                     backend=self.backend)
+        nd = self.num_decode_tokens
+        if self.extend is None:
+            return self.decode.run(q, kc, vc, k_scale=s, v_scale=s)
+        if self.decode is None:
+            return self.extend.run(q, kc, vc, k_scale=s, v_scale=s)
+        o = torch.empty_like(q)
+        self.decode.run(q[:nd], kc, vc, k_scale=s, v_scale=s, out=o[:nd])
+        self.extend.run(q[nd:], kc, vc, k_scale=s, v_scale=s, out=o[nd:])
+        return o
+
+    def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor, scale: float,
+                    kv_lora_rank: int) -> torch.Tensor:
+        """Store the latent rows [T, W], attend with absorbed q [T, H, W] -> [T, H, kv_lora]."""
+        cache, s = self.pool.kv[layer], self.pool.scale
+        tskernels.kvcache.store_mla(latent, cache, self.meta.slot_mapping, kv_scale=s)
+        nd = self.num_decode_tokens
+        parts = []
+        if self.decode is not None:
+            parts.append(self.decode.run(q[:nd], cache, kv_scale=s))
+        if self.extend_args is not None:
+            parts.append(tskernels.mla.extend(q[nd:], cache, *self.extend_args, scale=scale,
+                                              kv_lora_rank=kv_lora_rank, kv_scale=s))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass
+class ForwardBatch:
+    positions: torch.Tensor
+    attention: AttentionState

@@ -1,0 +1,177 @@
+"""Executes scheduler plans: plan arrays -> device tensors (once per step) -> model forward ->
+logits of the sampling rows -> per-request sampling.
+
+The KV pool is sized from `gpu_memory_utilization` on a GPU (what is left after the weights,
+minus an activation reserve) and from `num_kv_pages` / `cpu_kv_cache_gb` on the CPU.
+Decode-only steps replay CUDA graphs on a GPU (see serve.cuda_graph); the CPU runs eagerly.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import tskernels
+
+from .forward_batch import AttentionState, ForwardBatch, KVPool, StepMeta
+
+log = logging.getLogger(__name__)
+
+SAMPLING_EPS = 1e-5
+
+
+@dataclass
+class SampleRequest:
+    """Per-row sampling inputs of one step (rows that sample only)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int
+    step: int
+    num_logprobs: int | None
+
+
+@dataclass
+class StepResult:
+    token_ids: np.ndarray                      # int32 [R], 0 where the row does not sample
+    logprobs: np.ndarray | None                # float32 [S] per sampling row
+    top_logprobs: tuple[np.ndarray, np.ndarray] | None  # (values [S, n], ids [S, n])
+    sample_rows: np.ndarray                    # int64 [S] plan rows that sampled
+
+
+class ModelRunner:
+    def __init__(self, model, cfg, args, *, device: torch.device, dtype: torch.dtype,
+                 max_model_len: int):
+        self.model, self.cfg, self.args = model, cfg, args
+        self.device, self.dtype = device, dtype
+        self.max_model_len = max_model_len
+        self.spec = model.kv_cache_spec()
+        kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8_e4m3" else dtype
+        if kv_dtype == torch.float8_e4m3fn and self.spec["kind"] == "gqa" and \
+                getattr(model, "kv_fp8_ok", True) is False:
+            raise ValueError("kv_cache_dtype: fp8 not supported by this model")
+        self.page_size = args.page_size
+        self.pool = KVPool(self.spec, self._num_pages(kv_dtype) + 1, args.page_size, kv_dtype,
+                           device)
+        self.mla_scale = self.kv_lora = None
+        if self.spec["kind"] == "mla":
+            attn = model.layers[0].self_attn
+            self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
+        self.num_q_heads = cfg.num_attention_heads
+        self.attn_backend = None
+        if device.type == "cpu":
+            from .cpu_attention import BACKEND, register_cpu_attention
+            from .models import ops
+            register_cpu_attention()  # batched page gather + SDPA, bf16 GEMM (serve.cpu_attention)
+            ops.cpu_gemm_backend = BACKEND
+            if self.spec["kind"] == "gqa" and not self.pool.fp8:
+                self.attn_backend = BACKEND
+        self.graphs = None
+        if device.type == "cuda" and args.cuda_graphs:
+            from .cuda_graph import CudaGraphs
+            try:
+                self.graphs = CudaGraphs(self, args.max_num_seqs)
+            except Exception as e:  # noqa: BLE001 - an op that cannot be captured: run eagerly
+                log.warning("CUDA graphs disabled (%s: %s); decoding eagerly",
+                            type(e).__name__, e)
+                self.graphs = None
+
+    # ---- pool sizing ---------------------------------------------------------------------
+    def _num_pages(self, kv_dtype) -> int:
+        a = self.args
+        per_page = KVPool.bytes_per_token(self.spec, kv_dtype) * a.page_size
+        useful = a.max_num_seqs * math.ceil(self.max_model_len / a.page_size)
+        if a.num_kv_pages is not None:
+            return a.num_kv_pages
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserve = max(2 << 30, int(0.04 * total))  # activations, graphs, sampling
+            budget = int(total * a.gpu_memory_utilization) - (total - free) - reserve
+            pages = budget // per_page
+            if pages < 2:
+                raise RuntimeError(f"gpu_memory_utilization={a.gpu_memory_utilization}: no "
+                                   f"memory left for the KV cache ({budget / 2**30:.2f} GiB)")
+            return int(min(pages, useful))
+        pages = int(a.cpu_kv_cache_gb * (1 << 30)) // per_page
+        return int(max(2, min(pages, useful)))
+
+    @property
+    def num_pages(self) -> int:
+        """Pool pages including the null page 0 (what the scheduler is told)."""
+        return self.pool.num_pages
+
+    # ---- one step --------------------------------------------------------------------------
+    def step_meta(self, plan) -> tuple[torch.Tensor, StepMeta]:
+        dev = self.device
+
+        def t(a):
+            return torch.from_numpy(np.array(a)).to(dev, non_blocking=True)
+
+        meta = StepMeta(positions=t(plan.positions), slot_mapping=t(plan.slot_mapping),
+                        qo_indptr=t(plan.qo_indptr), page_table=t(plan.page_table),
+                        seq_lens=t(plan.seq_lens), num_decode=int(plan.num_decode),
+                        num_requests=len(plan.request_ids))
+        return t(plan.input_ids), meta
+
+    def attention_state(self, meta: StepMeta) -> AttentionState:
+        return AttentionState(self.pool, meta, num_q_heads=self.num_q_heads, q_dtype=self.dtype,
+                              mla_scale=self.mla_scale, kv_lora_rank=self.kv_lora,
+                              backend=self.attn_backend)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+        batch = ForwardBatch(positions=meta.positions, attention=self.attention_state(meta))
+        return self.model(input_ids, batch)
+
+    @torch.inference_mode()
+    def run(self, plan, requests: list[SampleRequest | None]) -> StepResult:
+        """Execute `plan`; `requests[r]` holds row r's sampling inputs (None: no sample)."""
+        num_rows = len(plan.request_ids)
+        sample_rows = np.flatnonzero(np.asarray(plan.sample))
+        hidden = None
+        if self.graphs is not None and plan.num_decode == num_rows:
+            hidden = self.graphs.run(plan)
+        if hidden is None:
+            input_ids, meta = self.step_meta(plan)
+            hidden = self.forward(input_ids, meta)
+        token_ids = np.zeros(num_rows, dtype=np.int32)
+        if not len(sample_rows):
+            return StepResult(token_ids, None, None, sample_rows)
+        last = np.asarray(plan.qo_indptr)[1:][sample_rows] - 1
+        idx = torch.from_numpy(last.astype(np.int64)).to(self.device)
+        logits = self.model.compute_logits(hidden[idx])
+        reqs = [requests[r] for r in sample_rows]
+        ids, lp, top = self.sample(logits, reqs)
+        token_ids[sample_rows] = ids
+        return StepResult(token_ids, lp, top, sample_rows)
+
+    def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]):
+        want = [r.num_logprobs for r in reqs if r.num_logprobs is not None]
+        if not want and all(r.temperature < SAMPLING_EPS for r in reqs):
+            ids = tskernels.sampling.greedy(logits)
+            return ids.to(torch.int32).cpu().numpy(), None, None
+        dev = logits.device
+
+        def col(vals, dtype):
+            return torch.tensor(vals, dtype=dtype).to(dev, non_blocking=True)
+
+        out = tskernels.sampling.sample(
+            logits, temperature=col([r.temperature for r in reqs], torch.float32),
+            top_k=col([r.top_k for r in reqs], torch.int32),
+            top_p=col([r.top_p for r in reqs], torch.float32),
+            min_p=col([r.min_p for r in reqs], torch.float32),
+            seeds=col([r.seed for r in reqs], torch.int64),
+            steps=col([r.step for r in reqs], torch.int64),
+            num_logprobs=max(want, default=0))
+        ids = out.token_ids.to(torch.int32).cpu().numpy()
+        lp = out.logprobs.float().cpu().numpy() if want else None
+        top = None
+        if out.top_logprobs is not None:
+            vals, tids = out.top_logprobs
+            top = (vals.float().cpu().numpy(), tids.cpu().numpy())
+        return ids, lp, top

@@ -1,0 +1,232 @@
+"""Building blocks shared by the models. Every computation goes through a `tskernels` op; the
+glue here is views, splits, residual adds and index lookups.
+
+Weights follow the HF checkpoint names; fused projections (q|k|v, gate|up, stacked experts)
+carry a `shards` map so that the loader can copy each HF tensor into its rows.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tskernels
+
+from . import ops
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x @ W.T (+ b). W [out, in] in the nn.Linear layout. `shards` names the HF tensors
+    stacked along the output rows: {suffix: (row_offset, rows)}."""
+
+    def __init__(self, in_features: int, out_features: int | list[int],
+                 shard_names: list[str] | None = None, bias: bool = False):
+        super().__init__()
+        outs = [out_features] if isinstance(out_features, int) else list(out_features)
+        self.weight = _param(sum(outs), in_features)
+        self.bias = _param(sum(outs)) if bias else None
+        self.shards: dict[str, tuple[int, int]] = {}
+        if shard_names:
+            off = 0
+            for name, n in zip(shard_names, outs):
+                self.shards[name] = (off, n)
+                off += n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = ops.mm(x, self.weight)
+        return y if self.bias is None else y + self.bias
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = _param(dim)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """rmsnorm(x), or (rmsnorm(x + residual), x + residual) when a residual is given."""
+        if residual is None:
+            return ops.rmsnorm(x, self.weight, self.eps)
+        return ops.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, dim: int):
+        super().__init__()
+        self.weight = _param(vocab, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate|up fused into one GEMM."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up_proj = Linear(hidden, [inter, inter], ["gate_proj", "up_proj"])
+        self.down_proj = Linear(inter, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class Experts(nn.Module):
+    """E experts' SwiGLU weights stacked: w13 [E, 2I, H] (gate rows, then up), w2 [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.num_experts, self.inter = num_experts, inter
+        self.w13 = _param(num_experts, 2 * inter, hidden)
+        self.w2 = _param(num_experts, hidden, inter)
+
+    def forward(self, x, weights, ids):
+        return tskernels.moe.fused_experts(x, self.w13, self.w2, weights, ids)
+
+
+class SoftmaxMoE(nn.Module):
+    """Qwen3-MoE / Mixtral block: softmax top-k router, then the fused experts."""
+
+    def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int, renormalize: bool):
+        super().__init__()
+        self.gate = Linear(hidden, num_experts)
+        self.experts = Experts(num_experts, hidden, inter)
+        self.top_k, self.renormalize = top_k, renormalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        w, ids = tskernels.moe.topk_softmax(logits, self.top_k, renormalize=self.renormalize)
+        return self.experts(x, w, ids)
+
+
+class Rotary:
+    """A cos/sin table [max_position, rotary_dim] and its application to q, k [T, H, D]."""
+
+    def __init__(self, table: torch.Tensor, style: str = "neox"):
+        self.table, self.style = table, style
+
+    def __call__(self, q, k, positions):
+        return ops.apply_rope(q, k, positions, self.table, style=self.style)
+
+
+def rope_table(head_dim: int, max_position: int, theta: float, scaling: dict | None,
+               device) -> torch.Tensor:
+    kind = (scaling or {}).get("rope_type")
+    if kind in (None, "default", "linear", "llama3"):
+        return tskernels.rope.cos_sin_cache(max_position, head_dim, theta, scaling=scaling,
+                                            device=device)
+    if kind == "yarn":
+        from ..config import yarn_cos_sin_cache
+        return yarn_cos_sin_cache(max_position, head_dim, theta, scaling).to(device)
+    raise ValueError(f"rope scaling {kind!r} is not supported")
+
+
+class PagedAttention(nn.Module):
+    """GQA self-attention over the paged KV cache: fused qkv projection, optional per-head q/k
+    RMSNorm (Qwen3), RoPE, store the new K/V, then the step's attention plan."""
+
+    def __init__(self, cfg, layer_id: int, rotary: Rotary, qk_norm: bool = False):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        bias = bool(getattr(cfg, "attention_bias", False))
+        self.qkv_proj = Linear(cfg.hidden_size, [q, kv, kv], ["q_proj", "k_proj", "v_proj"],
+                               bias=bias)
+        self.o_proj = Linear(q, cfg.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.rotary = rotary
+        self.split = [q, kv, kv]
+
+    def forward(self, x: torch.Tensor, batch) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q, k, batch.positions)
+        o = batch.attention.forward(self.layer_id, q, k, v)
+        return self.o_proj(o.view(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; the residual add is fused into the next norm (fused_add_rmsnorm)."""
+
+    def __init__(self, cfg, self_attn: nn.Module, mlp: nn.Module):
+        super().__init__()
+        self.self_attn, self.mlp = self_attn, mlp
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, residual, batch):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class CausalLM(nn.Module):
+    """Embedding -> decoder layers -> final norm; `compute_logits` runs the LM head on the
+    rows that sample only. Subclasses build `self.layers` and describe their KV cache."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.tie = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.layers = nn.ModuleList()
+
+    def forward(self, input_ids: torch.Tensor, batch) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(x, residual, batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight if self.tie else self.lm_head.weight
+        return ops.mm(hidden, w, out_dtype=torch.float32)
+
+    # ---- weight names: HF checkpoint name -> (parameter, row offset, rows) -------------------
+    def hf_weight_map(self) -> dict[str, tuple]:
+        """Every HF tensor name this model reads -> (param, expert, row offset, rows): the
+        destination is param[expert][offset:offset + rows], None meaning "all of it"."""
+        out = {}
+        for mod_name, mod in self.named_modules():
+            prefix = f"model.{mod_name}." if mod_name and not mod_name.startswith("lm_head") \
+                else f"{mod_name}."
+            if isinstance(mod, Linear):
+                parent = prefix.rsplit(".", 2)[0] + "." if mod.shards else prefix
+                for name, (off, n) in mod.shards.items():
+                    out[f"{parent}{name}.weight"] = (mod.weight, None, off, n)
+                    if mod.bias is not None:
+                        out[f"{parent}{name}.bias"] = (mod.bias, None, off, n)
+                if not mod.shards:
+                    out[f"{prefix}weight"] = (mod.weight, None, None, None)
+                    if mod.bias is not None:
+                        out[f"{prefix}bias"] = (mod.bias, None, None, None)
+            elif isinstance(mod, Experts):
+                for e in range(mod.num_experts):
+                    i = mod.inter
+                    out[f"{prefix}{e}.gate_proj.weight"] = (mod.w13, e, 0, i)
+                    out[f"{prefix}{e}.up_proj.weight"] = (mod.w13, e, i, i)
+                    out[f"{prefix}{e}.down_proj.weight"] = (mod.w2, e, None, None)
+                out[f"{prefix}gate_up_proj"] = (mod.w13, None, None, None)  # transformers 5
+                out[f"{prefix}down_proj"] = (mod.w2, None, None, None)
+            elif isinstance(mod, (RMSNorm, Embedding)):
+                out[f"{prefix}weight"] = (mod.weight, None, None, None)
+        return out

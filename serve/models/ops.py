@@ -1,0 +1,73 @@
+"""The tskernels ops the models call, with the registry's choice bound once on the CPU.
+
+On a GPU these are the public ops as they are (decode steps replay CUDA graphs, where per-call
+validation and selection cost nothing). On the CPU a decode step makes ~300 op calls and the
+public ops' per-call validation + selection (~10-20 us each) is a visible share of the step, so
+each op asks the registry once per (dtypes, traits) for the kernel the public op would select,
+describing the problem exactly as the public op does, then calls it with the public op's
+calling convention. The models' shapes are validated once by the parity tests instead.
+"""
+from __future__ import annotations
+
+import torch
+
+import tskernels
+from tskernels import fmt
+
+_bound: dict[tuple, object] = {}
+# The backend named for 16-bit GEMMs on the CPU (the runner sets serve.cpu_attention's, which
+# keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays on
+# the reference.
+cpu_gemm_backend: str | None = None
+
+
+def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **problem):
+    k = _bound.get(key)
+    if k is None:
+        k = _bound[key] = tskernels.select(family, op, device="cpu", backend=backend, **problem)
+    return k
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None):
+    """c = a @ b.T, a [M, K], b [N, K] (gemm.mm)."""
+    if a.device.type != "cpu":
+        return tskernels.gemm.mm(a, b, out_dtype=out_dtype)
+    c = out_dtype or a.dtype
+    backend = cpu_gemm_backend if a.dtype in (torch.bfloat16, torch.float16) else None
+    k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend=backend,
+                formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})
+    return k(a, b, out_dtype=out_dtype)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    if x.device.type != "cpu":
+        return tskernels.norm.rmsnorm(x, weight, eps)
+    n = x.shape[-1]
+    k = _kernel(("rmsnorm", x.dtype, weight.dtype, n), "norm", "rmsnorm",
+                formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)}, traits={"hidden": n})
+    return k(x, weight, eps, out=None)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    if x.device.type != "cpu":
+        return tskernels.norm.fused_add_rmsnorm(x, residual, weight, eps)
+    n = x.shape[-1]
+    k = _kernel(("fused_add_rmsnorm", x.dtype, weight.dtype, n), "norm", "fused_add_rmsnorm",
+                formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)}, traits={"hidden": n})
+    return k(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor):
+    if x.device.type != "cpu":
+        return tskernels.activation.silu_and_mul(x)
+    k = _kernel(("silu_and_mul", x.dtype), "activation", "silu_and_mul",
+                formats={"x": fmt(x.dtype)})
+    return k(x, out=None)
+
+
+def apply_rope(q, k, positions, cos_sin_cache, *, style: str):
+    if q.device.type != "cpu":
+        return tskernels.rope.apply_rope(q, k, positions, cos_sin_cache, style=style)
+    kern = _kernel(("apply_rope", q.dtype, style), "rope", "apply_rope",
+                   formats={"q": fmt(q.dtype)}, traits={"style": style})
+    return kern(q, k, positions, cos_sin_cache, style=style, inplace=False)

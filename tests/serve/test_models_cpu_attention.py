@@ -1,0 +1,98 @@
+"""The engine's batched CPU attention backend ("torch_cpu") against tskernels_ref: decode and
+extend through the public plan API, and store_kv, on ragged, paged, GQA problems (lengths 0 and
+1, lengths not a multiple of the page size, permuted page tables, finite garbage in unused slots
+and page 0 as the table's padding, as the engine's pool has)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tskernels
+import tskernels_ref.attention as ref
+from serve.cpu_attention import BACKEND, register_cpu_attention
+
+register_cpu_attention()
+
+
+def _problem(seed, lens, page_size, hq, hkv, d=32):
+    g = torch.Generator().manual_seed(seed)
+    pages_each = [-(-n // page_size) for n in lens]
+    num_pages = sum(pages_each) + 3
+    kc = torch.randn(num_pages, page_size, hkv, d, generator=g) * 3  # garbage everywhere
+    vc = torch.randn(num_pages, page_size, hkv, d, generator=g)
+    perm = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()
+    width = max(pages_each + [1]) + 2
+    table = torch.zeros(len(lens), width, dtype=torch.int32)  # padded with the null page 0
+    for b, n in enumerate(pages_each):
+        table[b, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
+    return g, kc, vc, table, torch.tensor(lens, dtype=torch.int32)
+
+
+CASES = [(0, [7, 1, 33, 16], 4, 8, 2), (1, [0, 5, 64, 2], 16, 6, 6), (2, [100], 1, 12, 3),
+         (3, [3, 0, 0, 50, 17], 8, 4, 1)]
+
+
+@pytest.mark.parametrize("seed,lens,page_size,hq,hkv", CASES)
+def test_decode_plan_matches_reference(seed, lens, page_size, hq, hkv):
+    g, kc, vc, table, seq = _problem(seed, lens, page_size, hq, hkv)
+    q = torch.randn(len(lens), hq, kc.shape[-1], generator=g)
+    plan = tskernels.attention.decode_plan(table, seq, num_q_heads=hq, k_cache=kc,
+                                           q_dtype=q.dtype, backend=BACKEND)
+    got = plan.run(q, kc, vc)
+    want = ref.decode(q, kc, vc, table, seq)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    out = torch.full_like(q, float("nan"))
+    plan.run(q, kc, vc, out=out)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed,lens,page_size,hq,hkv", CASES)
+def test_extend_plan_matches_reference(seed, lens, page_size, hq, hkv):
+    g, kc, vc, table, seq = _problem(seed, lens, page_size, hq, hkv)
+    new = [min(n, 1 + (7 * i) % 9) for i, n in enumerate(lens)]  # chunk sizes incl. 0 and n
+    qo = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(int(qo[-1]), hq, kc.shape[-1], generator=g)
+    for causal in (True, False):
+        plan = tskernels.attention.extend_plan(qo, table, seq, num_q_heads=hq, k_cache=kc,
+                                               q_dtype=q.dtype, causal=causal, backend=BACKEND)
+        want = ref.extend(q, kc, vc, qo, table, seq, causal=causal)
+        torch.testing.assert_close(plan.run(q, kc, vc), want, rtol=1e-5, atol=1e-5)
+        got = tskernels.attention.extend(q, kc, vc, qo, table, seq, causal=causal,
+                                         backend=BACKEND)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_reference(dtype):
+    g = torch.Generator().manual_seed(5)
+    kc = torch.randn(6, 4, 2, 16, generator=g).to(dtype)
+    vc = torch.randn(6, 4, 2, 16, generator=g).to(dtype)
+    k = torch.randn(5, 2, 16, generator=g)
+    v = torch.randn(5, 2, 16, generator=g)
+    slots = torch.tensor([4, 23, -1, 9, 10], dtype=torch.int64)
+    kr, vr = kc.clone(), vc.clone()
+    ref.store_kv(k.to(dtype), v.to(dtype), kr, vr, slots)
+    tskernels.attention.store_kv(k.to(dtype), v.to(dtype), kc, vc, slots, backend=BACKEND)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+
+
+def test_not_auto_selected():
+    """Its contract is narrower than the reference's (finite garbage only), so auto-selection
+    on the CPU keeps picking the reference; the engine names it explicitly."""
+    kern = tskernels.select("attention", "decode", device="cpu",
+                            formats={"q": "fp32", "kv": "fp32"},
+                            traits={"head_dim": 64, "page_size": 16, "gqa": 1, "softcap": False,
+                                    "sliding_window": False, "sinks": False})
+    assert kern.backend == "reference"
+
+
+def test_bf16_gemm_matches_reference_rounding():
+    """The CPU bf16 GEMM keeps operands bf16 (fp32 accumulation inside oneDNN): equal to the
+    fp32-upcast reference up to one bf16 rounding step."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(5, 96, generator=g).bfloat16()
+    b = torch.randn(40, 96, generator=g).bfloat16()
+    got = tskernels.gemm.mm(a, b, backend=BACKEND)
+    want = tskernels.gemm.mm(a, b, backend="reference")
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
