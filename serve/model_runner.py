@@ -63,11 +63,13 @@ class ModelRunner:
             attn = model.layers[0].self_attn
             self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
         self.num_q_heads = cfg.num_attention_heads
+        # On the CPU, name tskernels' opt-in batched backend ("torch_cpu": page gather + one
+        # SDPA per step, native bf16 GEMMs) where it applies; the references elsewhere.
         self.attn_backend = None
         if device.type == "cpu":
-            from .cpu_attention import BACKEND, register_cpu_attention
+            from tskernels.ops.attention.torch_cpu import BACKEND
+
             from .models import ops
-            register_cpu_attention()  # batched page gather + SDPA, bf16 GEMM (serve.cpu_attention)
             ops.cpu_gemm_backend = BACKEND
             if self.spec["kind"] == "gqa" and not self.pool.fp8:
                 self.attn_backend = BACKEND

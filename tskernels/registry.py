@@ -118,6 +118,7 @@ class KernelSpec:
     verification: Verification = Verification()
     compile_cases: Callable[[], list] | None = None
     description: str = ""
+    opt_in: bool = False  # never auto-selected: runs only when named (backend=, use_backend)
 
     @property
     def name(self) -> str:
@@ -150,11 +151,14 @@ def register(family: str, op: str, *, backend: str, capability: Capability = ANY
              traits: Mapping[str, Any] | None = None, band: str = "portable", priority: int = 0,
              tags: Collection[str] = (), compiled: Collection[str] = (),
              interpreter: bool = False, run_verified: Collection[str] = (),
-             compile_cases: Callable[[], list] | None = None, description: str = ""):
+             compile_cases: Callable[[], list] | None = None, description: str = "",
+             opt_in: bool = False):
     """Decorator registering `fn` as the `backend` implementation of `family.op`.
 
     compiled: targets the compile matrix must build it for (checked in CI). run_verified: targets
     it is run-verified on besides those recorded in verified.json (references pass "cpu").
+    opt_in: the kernel is never auto-selected, only run when named (a narrower or differently
+    rounded variant an engine chooses deliberately).
     """
     if band not in BANDS:
         raise ValueError(f"band must be one of {BANDS}, got {band!r}")
@@ -167,7 +171,7 @@ def register(family: str, op: str, *, backend: str, capability: Capability = ANY
             band, priority, frozenset(tags),
             Verification(frozenset(run_verified) | _RUN_RECORDS.get(name, frozenset()),
                          frozenset(compiled), interpreter),
-            compile_cases, description or (fn.__doc__ or "").strip().split("\n")[0])
+            compile_cases, description or (fn.__doc__ or "").strip().split("\n")[0], opt_in)
         add(spec)
         return fn
 
@@ -197,7 +201,9 @@ def _trait_ok(allowed: Any, value: Any) -> bool:
 
 
 def _filter_reason(k: KernelSpec, p: Platform, formats: Mapping[str, str],
-                   traits: Mapping[str, Any], objective: str) -> str | None:
+                   traits: Mapping[str, Any], objective: str, named: bool = False) -> str | None:
+    if k.opt_in and not named:
+        return "opt-in backend: runs only when named (backend=, use_backend)"
     why = k.capability.mismatch(p)
     if why:
         return why
@@ -277,7 +283,7 @@ def _decide(family, op, p, formats, traits, ov):
                     f"registered: {sorted(k.backend for k in cands)}")
         else:
             k = named[0]
-            why = _filter_reason(k, p, formats, traits, "default")
+            why = _filter_reason(k, p, formats, traits, "default", named=True)
             if why:
                 raise SelectionError(f"{family}.{op}: backend {ov.backend!r} requested by "
                                      f"{ov.source} cannot run here: {why}")
@@ -354,16 +360,19 @@ def with_verification(spec: KernelSpec, **changes) -> KernelSpec:
     return replace(spec, verification=replace(spec.verification, **changes))
 
 
-def verification_table() -> str:
+def verification_table(builtin_only: bool = True) -> str:
     """Markdown table: op x backend x how it is verified (README embeds it; a test keeps the
-    copy current)."""
+    copy current). builtin_only: leave out kernels registered by plugins or other packages."""
     rows = ["| op | backend | band | run-verified on | interpreter (CPU) | compile-verified for |",
             "|---|---|---|---|---|---|"]
     for k in kernels():
+        if builtin_only and not getattr(k.fn, "__module__", "").startswith("tskernels."):
+            continue
         run = ", ".join(sorted(k.verification.run)) or "—"
         if k.band == "reference":
             run = "any torch device (ground truth)"
-        rows.append(f"| {k.family}.{k.op} | {k.backend} | {k.band} | {run} | "
+        band = f"{k.band} (opt-in)" if k.opt_in else k.band
+        rows.append(f"| {k.family}.{k.op} | {k.backend} | {band} | {run} | "
                     f"{'yes' if k.verification.interpreter else '—'} | "
                     f"{', '.join(sorted(k.verification.compiled)) or '—'} |")
     return "\n".join(rows)

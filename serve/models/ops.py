@@ -15,9 +15,9 @@ import tskernels
 from tskernels import fmt
 
 _bound: dict[tuple, object] = {}
-# The backend named for 16-bit GEMMs on the CPU (the runner sets serve.cpu_attention's, which
-# keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays on
-# the reference.
+# The backend named for 16-bit GEMMs on the CPU (the runner sets tskernels' opt-in "torch_cpu",
+# which keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays
+# on the reference.
 cpu_gemm_backend: str | None = None
 
 

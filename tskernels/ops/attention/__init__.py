@@ -13,7 +13,8 @@ import torch
 from ... import _check
 from ...registry import fmt, select
 from . import _validate as v
-from . import reference, triton_decode, triton_extend, triton_store  # noqa: F401  (register backends)
+from . import (reference, torch_cpu, triton_decode, triton_extend,  # noqa: F401
+               triton_store)  # (register backends)
 
 
 def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,7 +1,7 @@
-"""The engine's batched CPU attention backend ("torch_cpu") against tskernels_ref: decode and
-extend through the public plan API, and store_kv, on ragged, paged, GQA problems (lengths 0 and
-1, lengths not a multiple of the page size, permuted page tables, finite garbage in unused slots
-and page 0 as the table's padding, as the engine's pool has)."""
+"""The batched CPU attention backend ("torch_cpu") against tskernels_ref: decode and extend
+through the public plan API, and store_kv, on ragged, paged, GQA problems (lengths 0 and 1,
+lengths not a multiple of the page size, permuted page tables, garbage in unused slots: finite
+garbage, NaN poison, and out-of-range page-table padding)."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +9,13 @@ import torch
 
 import tskernels
 import tskernels_ref.attention as ref
-from serve.cpu_attention import BACKEND, register_cpu_attention
+from hypothesis import given
+from hypothesis import strategies as st
 
-register_cpu_attention()
+from tskernels.numerics import assert_close
+from tskernels.ops.attention.torch_cpu import BACKEND
+from tskernels.testing import strategies as tst
+from tskernels.testing.problems import paged_kv
 
 
 def _problem(seed, lens, page_size, hq, hkv, d=32):
@@ -76,14 +80,48 @@ def test_store_kv_matches_reference(dtype):
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
 
 
-def test_not_auto_selected():
-    """Its contract is narrower than the reference's (finite garbage only), so auto-selection
-    on the CPU keeps picking the reference; the engine names it explicitly."""
-    kern = tskernels.select("attention", "decode", device="cpu",
-                            formats={"q": "fp32", "kv": "fp32"},
-                            traits={"head_dim": 64, "page_size": 16, "gqa": 1, "softcap": False,
-                                    "sliding_window": False, "sinks": False})
-    assert kern.backend == "reference"
+def test_opt_in_never_auto_selected():
+    """On a CPU the reference stays the default; the batched backend runs when named."""
+    traits = {"head_dim": 64, "page_size": 16, "gqa": 1, "softcap": False,
+              "sliding_window": False, "sinks": False}
+    prob = dict(device="cpu", formats={"q": "fp32", "kv": "fp32"}, traits=traits)
+    assert tskernels.select("attention", "decode", **prob).backend == "reference"
+    assert "opt-in backend" in tskernels.explain("attention", "decode", file=False, **prob)
+    assert tskernels.select("attention", "decode", backend=BACKEND, **prob).backend == BACKEND
+    with tskernels.use_backend({"attention": BACKEND}):
+        assert tskernels.select("attention", "decode", **prob).backend == BACKEND
+    with pytest.raises(tskernels.SelectionError, match="cannot run here"):
+        tskernels.select("attention", "decode", backend=BACKEND, device="cpu",
+                         formats={"q": "fp32", "kv": "fp32"}, traits={**traits, "sinks": True})
+
+
+@given(seed=st.integers(0, 2**31 - 1), lens=tst.seq_lens(max_batch=5, max_len=70),
+       page_size=tst.page_sizes(max_page=32), heads=tst.gqa_heads(max_kv_heads=3))
+def test_nan_poisoned_pages_and_garbage_padding(seed, lens, page_size, heads):
+    """The contract's worst case: NaN in every slot no sequence owns, and page-table padding
+    pointing anywhere (even past the cache)."""
+    hq, hkv = heads
+    gen = torch.Generator().manual_seed(seed)
+    kv = paged_kv(lens, page_size, hkv, 32, torch.float32, gen=gen)
+    table = kv.page_table.clone()
+    for b, n in enumerate(lens):
+        table[b, -(-n // page_size):] = 10_000 + b  # out-of-range garbage past the row's pages
+    q = torch.randn(len(lens), hq, 32, generator=gen)
+    got = tskernels.attention.decode(q, kv.k_cache, kv.v_cache, table, kv.seq_lens,
+                                     backend=BACKEND)
+    want = ref.decode(q.double(), kv.k_cache.double(), kv.v_cache.double(), kv.page_table,
+                      kv.seq_lens)
+    assert_close(got, want, baseline=ref.decode(q, kv.k_cache, kv.v_cache, kv.page_table,
+                                                kv.seq_lens))
+    new = [min(n, 3) for n in lens]
+    qo = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
+    qe = torch.randn(int(qo[-1]), hq, 32, generator=gen)
+    got = tskernels.attention.extend(qe, kv.k_cache, kv.v_cache, qo, table, kv.seq_lens,
+                                     backend=BACKEND)
+    want = ref.extend(qe.double(), kv.k_cache.double(), kv.v_cache.double(), qo, kv.page_table,
+                      kv.seq_lens)
+    assert_close(got, want, baseline=ref.extend(qe, kv.k_cache, kv.v_cache, qo, kv.page_table,
+                                                kv.seq_lens))
 
 
 def test_bf16_gemm_matches_reference_rounding():

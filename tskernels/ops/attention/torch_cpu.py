@@ -1,32 +1,29 @@
-"""A batched CPU backend for paged attention decode / extend, registered in the tskernels
-registry (backend "torch_cpu", CPU only) so that the engine's CPU path keeps calling the public
-ops and plans, naming this backend (`backend="torch_cpu"`).
+"""CPU backend of paged attention ("torch_cpu"): batched page gather + one SDPA call.
 
-Why: the reference walks requests one by one with ~25 small tensor ops each, per layer. Here
-the plan (built once per step) precomputes the page gather indices and the masks, and `run`
-(per layer) is one `index_select` per cache plus one fused SDPA call for all decode rows.
-Same math as `tskernels_ref.attention` (tests/serve/test_models_cpu_attention.py checks it);
-softcap / sliding window / sinks / fp8 caches are left to the reference (filtered by traits).
-
-Contract difference, hence not run-verified (never auto-selected): whole pages are gathered, so
-the unused slots of a request's last page, and the page-table padding (page ids, not garbage),
-must hold finite values. The engine's pool guarantees both (zero-initialised, written only with
-model outputs, rows padded with the null page 0). It could move to tskernels/ops/attention/ as a
-CPU backend once it masks non-finite garbage too.
+The reference walks requests one at a time with ~25 small tensor ops each; here the plan (built
+once per batch, shared by every layer) precomputes the page gather indices and the key masks,
+and `run` does one `index_select` per cache plus one fused SDPA for all decode rows (extend:
+one SDPA per request). Same math as `tskernels_ref.attention`. Robust to the contract's
+garbage: page-table entries past a row's pages are never dereferenced (clamped to page 0) and
+gathered keys/values outside a row's length are zeroed before use, so NaN-poisoned slots
+cannot leak. Softcap / sliding window / sinks / fp8 caches fall to the reference (traits and
+formats below). CPU only; run-verified on the CPU by tests/kernels/test_attention_torch_cpu.py.
+Opt-in (never auto-selected: on a CPU the reference is the default): engines name it, as
+serve's model runner does.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from tskernels.registry import Capability, register
+from ...registry import Capability, register
 
 BACKEND = "torch_cpu"
-_CPU = Capability(vendors=frozenset({"cpu"}))
-_KW = dict(backend=BACKEND, capability=_CPU, band="portable",
-           formats={"q": ("fp32", "bf16", "fp16"), "kv": ("fp32", "bf16", "fp16")},
-           traits={"softcap": (False,), "sliding_window": (False,), "sinks": (False,)},
-           description="batched CPU attention: page gather + SDPA (serve)")
+CPU_ONLY = Capability(vendors=frozenset({"cpu"}))
+_FORMATS = ("fp32", "bf16", "fp16", "fp64")
+_KW = dict(backend=BACKEND, capability=CPU_ONLY, band="portable", run_verified=("cpu",), opt_in=True,
+           tags=("deterministic",), formats={"q": _FORMATS, "kv": _FORMATS},
+           traits={"softcap": (False,), "sliding_window": (False,), "sinks": (False,)})
 
 
 def _pages(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
@@ -34,8 +31,12 @@ def _pages(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int):
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
     num = max(1, -(-max_len // page_size))
     table = page_table[:, :num].long()
-    if table.shape[1] < num:  # a table narrower than the longest row cannot happen; be safe
-        raise ValueError("page_table: fewer columns than the longest sequence needs")
+    if table.shape[1] < num:
+        raise ValueError(f"page_table: {table.shape[1]} columns, the longest sequence "
+                         f"({max_len} tokens) needs {num} pages")
+    # Entries past a row's own pages are arbitrary: never dereference them.
+    own = torch.arange(num)[None, :] < (-(-seq_lens.long() // page_size))[:, None]
+    table = torch.where(own, table, torch.zeros_like(table))
     keys = torch.arange(num * page_size)
     return table.reshape(-1), keys[None, :] < seq_lens.long()[:, None], num
 
@@ -58,13 +59,14 @@ class DecodePlan:
         else:
             self.empty = None
         self.mask = valid[:, None, None, :]  # [B, 1, 1, L]
+        self.kv_keep = valid[:, None, :, None]  # zero gathered garbage (NaN-poisoned slots)
         self.num_splits = 1
 
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
         b, hq = q.shape[:2]
         dtype = torch.float32 if q.dtype != torch.float64 else q.dtype
-        k = _gather(k_cache, self.idx, b, dtype)
-        v = _gather(v_cache, self.idx, b, dtype)
+        k = _gather(k_cache, self.idx, b, dtype).where(self.kv_keep, 0.0)
+        v = _gather(v_cache, self.idx, b, dtype).where(self.kv_keep, 0.0)
         o = F.scaled_dot_product_attention(q.to(dtype)[:, :, None, :], k, v,
                                            attn_mask=self.mask, scale=self.scale,
                                            enable_gqa=hq != k.shape[1])[:, :, 0]
@@ -113,13 +115,6 @@ class ExtendPlan:
         return o
 
 
-def mm(a, b, *, out_dtype=None):
-    """c = a @ b.T in the operands' dtype (bf16 GEMMs run natively through oneDNN with fp32
-    accumulation; the reference upcasts both operands to fp32 on every call)."""
-    c = torch.mm(a, b.t())
-    return c if out_dtype is None or out_dtype == c.dtype else c.to(out_dtype)
-
-
 def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
     """k_cache.view(slots)[slot_mapping] = k (and v): one index_copy_ per cache."""
     slots = slot_mapping
@@ -146,21 +141,9 @@ def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True,
 
 decode.make_plan = DecodePlan
 extend.make_plan = ExtendPlan
-_registered = False
 
-
-def register_cpu_attention() -> None:
-    """Add the backend to the registry (idempotent). Called by the engine on a CPU device."""
-    global _registered
-    if _registered:
-        return
-    register("attention", "store_kv", backend=BACKEND, capability=_CPU, band="portable",
-             formats={"k": ("fp32", "bf16", "fp16"), "kv": ("fp32", "bf16", "fp16")},
-             description="index_copy_ into the flattened cache (serve)")(store_kv)
-    register("gemm", "mm", backend=BACKEND, capability=_CPU, band="portable",
-             formats={"a": ("fp32", "bf16", "fp16"), "b": ("fp32", "bf16", "fp16"),
-                      "c": ("fp32", "bf16", "fp16")},
-             description="torch.mm in the operands' dtype (serve)")(mm)
-    register("attention", "decode", **_KW)(decode)
-    register("attention", "extend", **_KW)(extend)
-    _registered = True
+register("attention", "store_kv", backend=BACKEND, capability=CPU_ONLY, band="portable",
+         run_verified=("cpu",), opt_in=True, tags=("deterministic",),
+         formats={"k": _FORMATS, "kv": _FORMATS})(store_kv)
+register("attention", "decode", **_KW)(decode)
+register("attention", "extend", **_KW)(extend)
