@@ -6,6 +6,7 @@ docstring says otherwise. Layouts and signatures are listed in docs/OPS.md.
 """
 from __future__ import annotations
 
-from . import activation, attention, gdn, gemm, mla, moe, norm, rope, sampling
+from . import activation, attention, gdn, gemm, kvcache, mla, moe, norm, rope, sampling
 
-__all__ = ["activation", "attention", "gdn", "gemm", "mla", "moe", "norm", "rope", "sampling"]
+__all__ = ["activation", "attention", "gdn", "gemm", "kvcache", "mla", "moe", "norm", "rope",
+           "sampling"]
