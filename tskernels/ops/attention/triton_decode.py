@@ -58,6 +58,21 @@ def _fp8_to_f16(x):
 
 
 @triton.jit
+def _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED: tl.constexpr, PER_HEAD: tl.constexpr):
+    """(softmax scale with K's dequant scale folded in, V's dequant scale) for KV head kvh."""
+    qk_scale = sm_scale
+    v_scale = 1.0
+    if SCALED:
+        if PER_HEAD:
+            qk_scale *= tl.load(ks_ptr + kvh)
+            v_scale = tl.load(vs_ptr + kvh)
+        else:
+            qk_scale *= tl.load(ks_ptr)
+            v_scale = tl.load(vs_ptr)
+    return qk_scale, v_scale
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_ptr,
                    o_ptr, po_ptr, plse_ptr, sm_scale, softcap, window, num_splits,
                    q_sb, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, pt_sb, o_sb, o_sh,
@@ -88,15 +103,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         # fp8 cache: fp8 -> fp16 is one cvt per pair (-> bf16 would take two steps), so the
         # dots run in fp16 (q's magnitude is far below fp16's 65504 in practice).
         q = q.to(tl.float16)
-    qk_scale = sm_scale
-    v_scale = 1.0
-    if SCALED:
-        if PER_HEAD:
-            qk_scale *= tl.load(ks_ptr + kvh)
-            v_scale = tl.load(vs_ptr + kvh)
-        else:
-            qk_scale *= tl.load(ks_ptr)
-            v_scale = tl.load(vs_ptr)
+    qk_scale, v_scale = _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)

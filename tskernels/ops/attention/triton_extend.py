@@ -19,7 +19,7 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
-from .triton_decode import KV_FORMATS, LOG2E, _tanh
+from .triton_decode import KV_FORMATS, LOG2E, _kv_scales, _tanh
 
 
 @triton.jit
@@ -86,15 +86,7 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr, ks_p
     rows = (q_start + m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * q_st + h * q_sh + d[None, :],
                 mask=mm[:, None] & dm[None, :], other=0.0)
-    qk_scale = sm_scale
-    v_scale = 1.0
-    if SCALED:
-        if PER_HEAD:
-            qk_scale *= tl.load(ks_ptr + kvh)
-            v_scale = tl.load(vs_ptr + kvh)
-        else:
-            qk_scale *= tl.load(ks_ptr)
-            v_scale = tl.load(vs_ptr)
+    qk_scale, v_scale = _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
