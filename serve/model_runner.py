@@ -63,16 +63,17 @@ class ModelRunner:
             attn = model.layers[0].self_attn
             self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
         self.num_q_heads = cfg.num_attention_heads
-        # On the CPU, name tskernels' opt-in batched backend ("torch_cpu": page gather + one
-        # SDPA per step, native bf16 GEMMs) where it applies; the references elsewhere.
-        self.attn_backend = None
-        if device.type == "cpu":
-            from tskernels.ops.attention.torch_cpu import BACKEND
+        # Name tskernels' opt-in backends where they apply: native-dtype GEMMs everywhere
+        # ("torch_native"), and on the CPU the batched attention ("torch_cpu": page gather +
+        # one SDPA per step); the registry's choice (references on the CPU) elsewhere.
+        from tskernels.ops.gemm.torch_native import BACKEND as GEMM_BACKEND
 
-            from .models import ops
-            ops.cpu_gemm_backend = BACKEND
-            if self.spec["kind"] == "gqa" and not self.pool.fp8:
-                self.attn_backend = BACKEND
+        from .models import ops
+        ops.gemm_backend = GEMM_BACKEND
+        self.attn_backend = None
+        if device.type == "cpu" and self.spec["kind"] == "gqa" and not self.pool.fp8:
+            from tskernels.ops.attention.torch_cpu import BACKEND
+            self.attn_backend = BACKEND
         self.graphs = None
         if device.type == "cuda" and args.cuda_graphs:
             from .cuda_graph import CudaGraphs

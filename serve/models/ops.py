@@ -15,10 +15,10 @@ import tskernels
 from tskernels import fmt
 
 _bound: dict[tuple, object] = {}
-# The backend named for 16-bit GEMMs on the CPU (the runner sets tskernels' opt-in "torch_cpu",
-# which keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays
-# on the reference.
-cpu_gemm_backend: str | None = None
+# The backend named for 16-bit GEMMs (the runner sets tskernels' opt-in "torch_native", which
+# keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays on
+# the reference.
+gemm_backend: str | None = None
 
 
 def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **problem):
@@ -30,10 +30,10 @@ def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **prob
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None):
     """c = a @ b.T, a [M, K], b [N, K] (gemm.mm)."""
+    backend = gemm_backend if a.dtype in (torch.bfloat16, torch.float16) else None
     if a.device.type != "cpu":
-        return tskernels.gemm.mm(a, b, out_dtype=out_dtype)
+        return tskernels.gemm.mm(a, b, out_dtype=out_dtype, backend=backend)
     c = out_dtype or a.dtype
-    backend = cpu_gemm_backend if a.dtype in (torch.bfloat16, torch.float16) else None
     k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend=backend,
                 formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})
     return k(a, b, out_dtype=out_dtype)
