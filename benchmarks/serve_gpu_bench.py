@@ -24,7 +24,7 @@ PROMPT_LEN = 128
 
 def _sync():
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
 
 
 def engine_figures(engine, batch: int, new_tokens: int):
