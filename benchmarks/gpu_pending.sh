@@ -14,6 +14,7 @@ timeout 420 python benchmarks/gpu_tier.py --out "$OUT/gpu_tier_pending.json" $P 
   --kernel 'mla.decode.triton=tests/kernels/test_mla.py::test_mla_decode_matches_reference' \
   --kernel 'mla.extend.triton=tests/kernels/test_mla.py::test_mla_extend_matches_reference' \
   --kernel gemm.mm.torch_native=tests/kernels/test_gemm_native.py \
+  --kernel attention.merge_states.triton=tests/kernels/test_merge_states.py \
   --kernel 'attention.decode.triton=tests/kernels/test_attention_decode.py,tests/kernels/test_attention_graph.py,tests/kernels/test_attention_tuned.py' \
   2>&1 | tail -25
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=$PWD:/tmp/site

@@ -14,7 +14,7 @@ from ... import _check
 from ...registry import fmt, select
 from . import _validate as v
 from . import (reference, torch_cpu, triton_decode, triton_extend,  # noqa: F401
-               triton_store)  # (register backends)
+               triton_merge, triton_store)  # (register backends)
 
 
 def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
