@@ -11,11 +11,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 P="--pytest-arg=-n --pytest-arg=12 --pytest-arg=-p --pytest-arg=no:cacheprovider"
 timeout 420 python benchmarks/gpu_tier.py --out "$OUT/gpu_tier_pending.json" $P \
   --kernel attention.extend.triton=tests/kernels/test_attention_extend.py \
-  --kernel 'mla.decode.triton=tests/kernels/test_mla.py::test_mla_decode_matches_reference' \
+  --kernel 'mla.decode.triton=tests/kernels/test_mla.py::test_mla_decode_matches_reference,tests/kernels/test_attention_graph.py::test_mla_decode_graph_replay' \
   --kernel 'mla.extend.triton=tests/kernels/test_mla.py::test_mla_extend_matches_reference' \
   --kernel gemm.mm.torch_native=tests/kernels/test_gemm_native.py \
   --kernel attention.merge_states.triton=tests/kernels/test_merge_states.py \
-  --kernel 'attention.decode.triton=tests/kernels/test_attention_decode.py,tests/kernels/test_attention_graph.py,tests/kernels/test_attention_tuned.py' \
+  --kernel 'attention.decode.triton=tests/kernels/test_attention_decode.py,tests/kernels/test_attention_graph.py::test_decode_graph_replay,tests/kernels/test_attention_tuned.py' \
   2>&1 | tail -25
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=$PWD:/tmp/site
 pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
