@@ -15,6 +15,7 @@ import argparse
 import datetime
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -53,16 +54,16 @@ def engine_figures(engine, batch: int, new_tokens: int):
 def hf_figures(model, batch: int, new_tokens: int):
     dev = next(model.parameters()).device
     x = torch.randint(10, min(30000, model.config.vocab_size), (batch, PROMPT_LEN), device=dev)
-    kw = dict(attention_mask=torch.ones_like(x), do_sample=False, pad_token_id=0,
-              min_new_tokens=new_tokens)
-    model.generate(x[:, :8], max_new_tokens=2, **kw)
+    kw = dict(do_sample=False, pad_token_id=0)
+    model.generate(x[:, :8], attention_mask=torch.ones_like(x[:, :8]), max_new_tokens=2, **kw)
     _sync()
     t = time.perf_counter()
-    model.generate(x, max_new_tokens=1, **kw)
+    model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, **kw)
     _sync()
     prefill = time.perf_counter() - t
-    t = time.perf_counter()
-    model.generate(x, max_new_tokens=new_tokens, **kw)
+    t = time.perf_counter()  # min_new_tokens: no early stop at a random EOS
+    model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, **kw)
     _sync()
     wall = time.perf_counter() - t
     return (wall - prefill) / (new_tokens - 1) * 1e3, batch * new_tokens / wall
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-graphs", action="store_true", help="decode eagerly")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -105,15 +107,29 @@ def main() -> None:
 
     t = time.perf_counter()
     engine = Engine(a.model, device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
-                    max_model_len=1024, num_kv_pages=8192)
+                    max_model_len=1024, num_kv_pages=8192,
+                    cuda_graphs=not a.no_graphs)
     load_s = time.perf_counter() - t
     graphs = engine.runner.graphs is not None
     print(f"engine ready in {load_s:.1f}s, CUDA graphs: {graphs}", flush=True)
     rows = {}
+    dev_name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    out = dict(command="python " + " ".join(sys.argv),
+               date=datetime.date.today().isoformat(), device=dev_name,
+               torch=torch.__version__, model=a.model, prompt_len=PROMPT_LEN,
+               new_tokens=a.new_tokens, cuda_graphs=graphs, load_s=load_s,
+               speed_of_light_ms=16.06e9 / 4.3e12 * 1e3, rows=rows)
+
+    def dump():  # after every row, so a later failure keeps what was measured
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=2)
+
     for b in a.batch:
         ms, tps = engine_figures(engine, b, a.new_tokens)
         rows[f"engine_b{b}"] = dict(decode_ms_per_step=ms, tok_s=tps)
         print(f"engine B={b}: decode {ms:.2f} ms/step, {tps:.0f} tok/s", flush=True)
+        dump()
     if a.profile:
         rows["engine_b1_gpu_time_ms"] = profile_decode(engine)
         for k, v in rows["engine_b1_gpu_time_ms"]:
@@ -130,14 +146,8 @@ def main() -> None:
             ms, tps = hf_figures(hf, b, a.new_tokens)
             rows[f"hf_b{b}"] = dict(decode_ms_per_step=ms, tok_s=tps)
             print(f"HF generate B={b}: decode {ms:.2f} ms/step, {tps:.0f} tok/s", flush=True)
-    dev_name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
-    out = dict(date=datetime.date.today().isoformat(), device=dev_name,
-               torch=torch.__version__, model=a.model, prompt_len=PROMPT_LEN,
-               new_tokens=a.new_tokens, cuda_graphs=graphs, load_s=load_s,
-               speed_of_light_ms=16.06e9 / 4.3e12 * 1e3, rows=rows)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2)
+            dump()
+    dump()
 
 
 if __name__ == "__main__":

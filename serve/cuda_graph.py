@@ -34,7 +34,9 @@ class CudaGraphs:
         self.page_table = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)
         self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         self.qo_indptr = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # per size: the graph, its output, and the attention state whose plans (and their
+        # split-KV workspaces) the captured kernels read: it must live as long as the graph
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, object]] = {}
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
@@ -48,7 +50,7 @@ class CudaGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     out = runner.model(self.input_ids[:bs], batch)
-                self.graphs[bs] = (graph, out)
+                self.graphs[bs] = (graph, out, batch)
         torch.cuda.synchronize(dev)
 
     def run(self, plan) -> torch.Tensor | None:
@@ -71,6 +73,6 @@ class CudaGraphs:
         if bs > rows:
             self.slot_mapping[rows:bs] = -1
             self.seq_lens[rows:bs] = 0
-        graph, out = self.graphs[bs]
+        graph, out, _ = self.graphs[bs]
         graph.replay()
         return out[:rows]

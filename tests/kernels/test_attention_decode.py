@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
 from hypothesis import strategies as st
 
 import tskernels.ops.attention as attn
@@ -54,9 +53,10 @@ def _run_case(c, device):
     assert_close(o, truth, baseline=same, name=f"decode {c}")
 
 
-@given(data=st.data())
-def test_decode_matches_reference(kernel_device, data):
-    _run_case(data.draw(decode_problem(kernel_device)), kernel_device)
+@pytest.mark.parametrize("shard", tst.shards())
+def test_decode_matches_reference(kernel_device, shard):
+    tst.run_sharded(lambda data: _run_case(data.draw(decode_problem(kernel_device)),
+                                           kernel_device), shard, data=st.data())
 
 
 @pytest.mark.parametrize("page_size,d,group", [(16, 64, 4), (1, 32, 1), (256, 16, 16)])

@@ -2,8 +2,8 @@
 over ragged prefixes, permuted NaN-poisoned pages, GQA, fp8 caches, window / softcap / sinks."""
 from __future__ import annotations
 
+import pytest
 import torch
-from hypothesis import given
 from hypothesis import strategies as st
 
 import tskernels.ops.attention as attn
@@ -54,9 +54,10 @@ def _run_case(c, device):
     assert_close(o, truth, baseline=same, name=f"extend {c}")
 
 
-@given(data=st.data())
-def test_extend_matches_reference(kernel_device, data):
-    _run_case(data.draw(extend_problem(kernel_device)), kernel_device)
+@pytest.mark.parametrize("shard", tst.shards())
+def test_extend_matches_reference(kernel_device, shard):
+    tst.run_sharded(lambda data: _run_case(data.draw(extend_problem(kernel_device)),
+                                           kernel_device), shard, data=st.data())
 
 
 def test_extend_prefill_and_chunk(kernel_device):

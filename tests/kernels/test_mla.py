@@ -2,8 +2,8 @@
 NaN-poisoned pages, 1-128 heads, fp8 latent, split-KV."""
 from __future__ import annotations
 
+import pytest
 import torch
-from hypothesis import given
 from hypothesis import strategies as st
 
 import tskernels.ops.mla as mla
@@ -45,9 +45,13 @@ def _check(o, fn, q, cache, *args, **kw):
     assert_close(o, truth, baseline=same)
 
 
-@given(data=st.data())
-def test_mla_decode_matches_reference(kernel_device, data):
-    c = data.draw(mla_problem(kernel_device))
+@pytest.mark.parametrize("shard", tst.shards())
+def test_mla_decode_matches_reference(kernel_device, shard):
+    tst.run_sharded(lambda data: _mla_decode_case(data.draw(mla_problem(kernel_device)),
+                                                 kernel_device), shard, data=st.data())
+
+
+def _mla_decode_case(c, kernel_device):
     gen = torch.Generator().manual_seed(c["seed"])
     kv, cache, scale = _latent(c, kernel_device, gen)
     q = torch.randn(len(c["lens"]), c["heads"], 576, generator=gen).to(kernel_device, c["dtype"])
@@ -58,9 +62,13 @@ def test_mla_decode_matches_reference(kernel_device, data):
     _check(o, ref.decode, q, cache, kv.page_table, kv.seq_lens, scale=0.07, kv_scale=scale)
 
 
-@given(data=st.data())
-def test_mla_extend_matches_reference(kernel_device, data):
-    c = data.draw(mla_problem(kernel_device))
+@pytest.mark.parametrize("shard", tst.shards())
+def test_mla_extend_matches_reference(kernel_device, shard):
+    tst.run_sharded(lambda data: _mla_extend_case(data.draw(mla_problem(kernel_device)),
+                                                 kernel_device), shard, data=st.data())
+
+
+def _mla_extend_case(c, kernel_device):
     gen = torch.Generator().manual_seed(c["seed"])
     kv, cache, scale = _latent(c, kernel_device, gen)
     indptr = torch.tensor([0, *torch.tensor(c["new"]).cumsum(0).tolist()], dtype=torch.int32,
