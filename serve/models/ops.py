@@ -19,6 +19,9 @@ _bound: dict[tuple, object] = {}
 # keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays on
 # the reference.
 gemm_backend: str | None = None
+# The backend named for fp32 GEMMs on the CPU (the runner sets tskernels' opt-in "cpu_stream":
+# weight-streaming kernel for decode rows, torch.mm for prefill).
+gemm_backend_fp32_cpu: str | None = None
 
 
 def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **problem):
@@ -33,6 +36,8 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     backend = gemm_backend if a.dtype in (torch.bfloat16, torch.float16) else None
     if a.device.type != "cpu":
         return tskernels.gemm.mm(a, b, out_dtype=out_dtype, backend=backend)
+    if a.dtype == torch.float32 and b.dtype == torch.float32:
+        backend = gemm_backend_fp32_cpu
     c = out_dtype or a.dtype
     k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend=backend,
                 formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})

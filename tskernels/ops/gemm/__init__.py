@@ -13,7 +13,7 @@ from tskernels_ref.gemm import quantize_fp8_block, quantize_fp8_per_token_group
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference, torch_native  # noqa: F401  (register backends)
+from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
 
 __all__ = ["fp8_block_mm", "gemv", "mm", "quantize_fp8_block", "quantize_fp8_per_token_group"]
 
