@@ -54,6 +54,21 @@ class StepMeta:
     max_seq_len: int | None = None  # decode plan sizing (graphs: max_model_len)
 
 
+_stores: dict = {}
+
+
+def _cpu_store(backend, dtype, hkv, d, fp8):
+    """The store_kv kernel the public op would select for this cache, bound once."""
+    key = (backend, dtype, hkv, d, fp8)
+    if key not in _stores:
+        _stores[key] = tskernels.select(
+            "attention", "store_kv", device="cpu", backend=backend,
+            formats={"k": tskernels.fmt(dtype),
+                     "kv": "fp8_e4m3:per_tensor" if fp8 else tskernels.fmt(dtype)},
+            traits={"head_dim": d})
+    return _stores[key]
+
+
 class AttentionState:
     """Plans for one step, shared by all layers; `forward` / `forward_mla` per layer."""
 
@@ -61,6 +76,11 @@ class AttentionState:
                  mla_scale: float | None = None, kv_lora_rank: int | None = None,
                  backend: str | None = None):
         self.pool, self.meta, self.backend = pool, meta, backend
+        self._store = None
+        if backend is not None and pool.spec["kind"] == "gqa" and pool.k[0].device.type == "cpu":
+            like = pool.k[0]
+            self._store = _cpu_store(backend, like.dtype, like.shape[2], like.shape[3],
+                                     pool.fp8)
         nd, nr = meta.num_decode, meta.num_requests
         self.num_decode_tokens = nd
         mode = "per_tensor" if pool.fp8 else None
@@ -93,8 +113,11 @@ class AttentionState:
         """Store the new tokens' K/V, then attend. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
         p, s = self.pool, self.pool.scale
         kc, vc = p.k[layer], p.v[layer]
-        tskernels.attention.store_kv(k, v, kc, vc, self.meta.slot_mapping, k_scale=s, v_scale=s,
-                                     backend=self.backend)
+        if self._store is not None:  # the CPU backend's store, bound once (shapes fixed)
+            self._store(k, v, kc, vc, self.meta.slot_mapping, k_scale=s, v_scale=s)
+        else:
+            tskernels.attention.store_kv(k, v, kc, vc, self.meta.slot_mapping, k_scale=s,
+                                         v_scale=s, backend=self.backend)
         nd = self.num_decode_tokens
         if self.extend is None:
             return self.decode.run(q, kc, vc, k_scale=s, v_scale=s)

@@ -65,8 +65,10 @@ class ModelRunner:
         self.num_q_heads = cfg.num_attention_heads
         # Name tskernels' opt-in backends where they apply: native-dtype 16-bit GEMMs everywhere
         # ("torch_native"), on the CPU the weight-streaming fp32 GEMM for decode rows
-        # ("cpu_stream", when the extension is built) and the batched attention ("torch_cpu":
+        # ("cpu_stream", when the extension is built), fp32 norms / SiLU / RoPE in C++
+        # ("cpu_native") and the batched attention ("torch_cpu":
         # page gather + one SDPA per step); the registry's choice elsewhere.
+        from tskernels.ops import cpu_native
         from tskernels.ops.gemm import cpu_stream
         from tskernels.ops.gemm.torch_native import BACKEND as GEMM_BACKEND
 
@@ -74,6 +76,8 @@ class ModelRunner:
         ops.gemm_backend = GEMM_BACKEND
         if device.type == "cpu" and cpu_stream.available():
             ops.gemm_backend_fp32_cpu = cpu_stream.BACKEND
+        if device.type == "cpu" and cpu_native.available():
+            ops.cpu_backend = cpu_native.BACKEND
         self.attn_backend = None
         if device.type == "cpu" and self.spec["kind"] == "gqa" and not self.pool.fp8:
             from tskernels.ops.attention.torch_cpu import BACKEND

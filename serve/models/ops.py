@@ -22,6 +22,13 @@ gemm_backend: str | None = None
 # The backend named for fp32 GEMMs on the CPU (the runner sets tskernels' opt-in "cpu_stream":
 # weight-streaming kernel for decode rows, torch.mm for prefill).
 gemm_backend_fp32_cpu: str | None = None
+# The backend named for fp32 norms / activation / RoPE on the CPU (the runner sets tskernels'
+# opt-in "cpu_native" when its extension is built).
+cpu_backend: str | None = None
+
+
+def _cpu_backend(dtype: torch.dtype) -> str | None:
+    return cpu_backend if dtype == torch.float32 else None
 
 
 def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **problem):
@@ -39,8 +46,10 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     if a.dtype == torch.float32 and b.dtype == torch.float32:
         backend = gemm_backend_fp32_cpu
     c = out_dtype or a.dtype
-    k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend=backend,
-                formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})
+    k = _bound.get(("mm", a.dtype, b.dtype, c, backend))
+    if k is None:
+        k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend=backend,
+                    formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})
     return k(a, b, out_dtype=out_dtype)
 
 
@@ -48,7 +57,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float):
     if x.device.type != "cpu":
         return tskernels.norm.rmsnorm(x, weight, eps)
     n = x.shape[-1]
-    k = _kernel(("rmsnorm", x.dtype, weight.dtype, n), "norm", "rmsnorm",
+    be = _cpu_backend(weight.dtype if x.dtype == weight.dtype else None)
+    k = _kernel(("rmsnorm", x.dtype, weight.dtype, n, be), "norm", "rmsnorm", backend=be,
                 formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)}, traits={"hidden": n})
     return k(x, weight, eps, out=None)
 
@@ -57,7 +67,9 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     if x.device.type != "cpu":
         return tskernels.norm.fused_add_rmsnorm(x, residual, weight, eps)
     n = x.shape[-1]
-    k = _kernel(("fused_add_rmsnorm", x.dtype, weight.dtype, n), "norm", "fused_add_rmsnorm",
+    be = _cpu_backend(weight.dtype if x.dtype == weight.dtype else None)
+    k = _kernel(("fused_add_rmsnorm", x.dtype, weight.dtype, n, be), "norm",
+                "fused_add_rmsnorm", backend=be,
                 formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)}, traits={"hidden": n})
     return k(x, residual, weight, eps)
 
@@ -65,7 +77,8 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 def silu_and_mul(x: torch.Tensor):
     if x.device.type != "cpu":
         return tskernels.activation.silu_and_mul(x)
-    k = _kernel(("silu_and_mul", x.dtype), "activation", "silu_and_mul",
+    be = _cpu_backend(x.dtype)
+    k = _kernel(("silu_and_mul", x.dtype, be), "activation", "silu_and_mul", backend=be,
                 formats={"x": fmt(x.dtype)})
     return k(x, out=None)
 
@@ -73,6 +86,7 @@ def silu_and_mul(x: torch.Tensor):
 def apply_rope(q, k, positions, cos_sin_cache, *, style: str):
     if q.device.type != "cpu":
         return tskernels.rope.apply_rope(q, k, positions, cos_sin_cache, style=style)
-    kern = _kernel(("apply_rope", q.dtype, style), "rope", "apply_rope",
+    be = _cpu_backend(q.dtype)
+    kern = _kernel(("apply_rope", q.dtype, style, be), "rope", "apply_rope", backend=be,
                    formats={"q": fmt(q.dtype)}, traits={"style": style})
     return kern(q, k, positions, cos_sin_cache, style=style, inplace=False)

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tskernels.numerics import assert_close
+from tskernels.ops.attention import torch_cpu
 from tskernels.ops.attention.torch_cpu import BACKEND
 from tskernels.testing import strategies as tst
 from tskernels.testing.problems import paged_kv
@@ -32,13 +33,24 @@ def _problem(seed, lens, page_size, hq, hkv, d=32):
     return g, kc, vc, table, torch.tensor(lens, dtype=torch.int32)
 
 
+@pytest.fixture(params=["native", "torch"])
+def path(request, monkeypatch):
+    """fp32 problems run tskernels._cpu's kernels when built; "torch" forces the torch path."""
+    if request.param == "torch":
+        monkeypatch.setattr(torch_cpu, "_cpu", None)
+    elif torch_cpu._cpu is None:
+        pytest.skip("tskernels._cpu extension not built")
+    return request.param
+
+
 CASES = [(0, [7, 1, 33, 16], 4, 8, 2), (1, [0, 5, 64, 2], 16, 6, 6), (2, [100], 1, 12, 3),
          (3, [3, 0, 0, 50, 17], 8, 4, 1)]
 
 
+@pytest.mark.parametrize("d", [32, 64, 128])  # 64/128: the AVX-512 kernel; 32: portable loop
 @pytest.mark.parametrize("seed,lens,page_size,hq,hkv", CASES)
-def test_decode_plan_matches_reference(seed, lens, page_size, hq, hkv):
-    g, kc, vc, table, seq = _problem(seed, lens, page_size, hq, hkv)
+def test_decode_plan_matches_reference(seed, lens, page_size, hq, hkv, path, d):
+    g, kc, vc, table, seq = _problem(seed, lens, page_size, hq, hkv, d)
     q = torch.randn(len(lens), hq, kc.shape[-1], generator=g)
     plan = tskernels.attention.decode_plan(table, seq, num_q_heads=hq, k_cache=kc,
                                            q_dtype=q.dtype, backend=BACKEND)
@@ -67,7 +79,7 @@ def test_extend_plan_matches_reference(seed, lens, page_size, hq, hkv):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_store_kv_matches_reference(dtype):
+def test_store_kv_matches_reference(dtype, path):
     g = torch.Generator().manual_seed(5)
     kc = torch.randn(6, 4, 2, 16, generator=g).to(dtype)
     vc = torch.randn(6, 4, 2, 16, generator=g).to(dtype)
@@ -96,29 +108,66 @@ def test_opt_in_never_auto_selected():
 
 
 @given(seed=st.integers(0, 2**31 - 1), lens=tst.seq_lens(max_batch=5, max_len=70),
-       page_size=tst.page_sizes(max_page=32), heads=tst.gqa_heads(max_kv_heads=3))
-def test_nan_poisoned_pages_and_garbage_padding(seed, lens, page_size, heads):
+       page_size=tst.page_sizes(max_page=32), heads=tst.gqa_heads(max_kv_heads=3),
+       d=st.sampled_from([32, 64, 128]))
+def test_nan_poisoned_pages_and_garbage_padding(seed, lens, page_size, heads, d):
     """The contract's worst case: NaN in every slot no sequence owns, and page-table padding
     pointing anywhere (even past the cache)."""
     hq, hkv = heads
     gen = torch.Generator().manual_seed(seed)
-    kv = paged_kv(lens, page_size, hkv, 32, torch.float32, gen=gen)
+    kv = paged_kv(lens, page_size, hkv, d, torch.float32, gen=gen)
     table = kv.page_table.clone()
     for b, n in enumerate(lens):
         table[b, -(-n // page_size):] = 10_000 + b  # out-of-range garbage past the row's pages
-    q = torch.randn(len(lens), hq, 32, generator=gen)
-    got = tskernels.attention.decode(q, kv.k_cache, kv.v_cache, table, kv.seq_lens,
-                                     backend=BACKEND)
+    q = torch.randn(len(lens), hq, d, generator=gen)
     want = ref.decode(q.double(), kv.k_cache.double(), kv.v_cache.double(), kv.page_table,
                       kv.seq_lens)
-    assert_close(got, want, baseline=ref.decode(q, kv.k_cache, kv.v_cache, kv.page_table,
-                                                kv.seq_lens))
+    native = torch_cpu._cpu
+    for lib in {native, None}:  # the native kernel (when built) and the torch path
+        torch_cpu._cpu = lib
+        try:
+            got = tskernels.attention.decode(q, kv.k_cache, kv.v_cache, table, kv.seq_lens,
+                                             backend=BACKEND)
+        finally:
+            torch_cpu._cpu = native
+        assert_close(got, want, baseline=ref.decode(q, kv.k_cache, kv.v_cache, kv.page_table,
+                                                    kv.seq_lens), name=f"decode ({lib})")
     new = [min(n, 3) for n in lens]
     qo = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32)
-    qe = torch.randn(int(qo[-1]), hq, 32, generator=gen)
+    qe = torch.randn(int(qo[-1]), hq, d, generator=gen)
     got = tskernels.attention.extend(qe, kv.k_cache, kv.v_cache, qo, table, kv.seq_lens,
                                      backend=BACKEND)
     want = ref.extend(qe.double(), kv.k_cache.double(), kv.v_cache.double(), qo, kv.page_table,
                       kv.seq_lens)
     assert_close(got, want, baseline=ref.extend(qe, kv.k_cache, kv.v_cache, qo, kv.page_table,
                                                 kv.seq_lens))
+
+
+def test_native_decode_and_store_reject_bad_pages_and_slots(path):
+    g, kc, vc, table, seq = _problem(9, [5, 9], 4, 4, 2)
+    q = torch.randn(2, 4, kc.shape[-1], generator=g)
+    bad = table.clone()
+    bad[1, 0] = kc.shape[0] + 7  # an owned page past the cache
+    with pytest.raises((ValueError, IndexError), match="page|index"):
+        tskernels.attention.decode(q, kc, vc, bad, seq, backend=BACKEND)
+    k = torch.randn(2, 2, kc.shape[-1])
+    slots = torch.tensor([3, kc.shape[0] * kc.shape[1]], dtype=torch.int64)
+    with pytest.raises((ValueError, IndexError), match="slot|index|out of"):
+        tskernels.attention.store_kv(k, k, kc, vc, slots, backend=BACKEND)
+
+
+@pytest.mark.skipif(torch_cpu._cpu is None, reason="tskernels._cpu extension not built")
+@pytest.mark.parametrize("d,hq,hkv", [(64, 8, 2), (128, 4, 4), (64, 16, 1)])
+def test_native_decode_vector_and_portable_paths_agree_with_reference(d, hq, hkv):
+    """The AVX-512 kernel (group <= 8, d 64/128), its portable fallback (vector=False, also
+    what group > 8 and other head dims use) against the float64 reference."""
+    g, kc, vc, table, seq = _problem(11, [0, 1, 37, 100], 16, hq, hkv, d)
+    q = torch.randn(4, hq, d, generator=g)
+    want = ref.decode(q.double(), kc.double(), vc.double(), table, seq)
+    for vector in (True, False):
+        o = torch.full_like(q, float("nan"))
+        torch_cpu._cpu.decode_attn_f32(
+            q.data_ptr(), q.stride(0), q.stride(1), kc.data_ptr(), vc.data_ptr(), kc.shape[0],
+            16, hkv, d, table.data_ptr(), table.stride(0), table.shape[1], seq.data_ptr(), 4, hq,
+            d ** -0.5, o.data_ptr(), o.stride(0), o.stride(1), vector=vector)
+        assert_close(o, want, baseline=ref.decode(q, kc, vc, table, seq), name=f"vector={vector}")

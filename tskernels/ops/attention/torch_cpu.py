@@ -18,6 +18,11 @@ import torch.nn.functional as F
 
 from ...registry import Capability, register
 
+try:
+    from ... import _cpu  # fp32 fast paths (decode attention, K/V store)
+except ImportError:
+    _cpu = None
+
 BACKEND = "torch_cpu"
 CPU_ONLY = Capability(vendors=frozenset({"cpu"}))
 _FORMATS = ("fp32", "bf16", "fp16", "fp64")
@@ -50,28 +55,52 @@ def _gather(cache: torch.Tensor, idx: torch.Tensor, rows: int, dtype) -> torch.T
 
 class DecodePlan:
     def __init__(self, page_table, seq_lens, *, scale, page_size, **_):
-        self.scale = scale
-        self.idx, valid, _ = _pages(page_table, seq_lens, page_size)
+        self.scale, self.page_size = scale, page_size
+        self.page_table, self.seq_lens = page_table, seq_lens
         self.rows = page_table.shape[0]
-        self.empty = (seq_lens == 0)
-        if bool(self.empty.any()):  # SDPA needs one visible key; the row is zeroed afterwards
-            valid[self.empty, 0] = True
-        else:
-            self.empty = None
-        self.mask = valid[:, None, None, :]  # [B, 1, 1, L]
-        self.kv_keep = valid[:, None, :, None]  # zero gathered garbage (NaN-poisoned slots)
         self.num_splits = 1
+        self._torch_plan = None
+
+    def _native(self, q, k_cache, v_cache, out) -> bool:
+        """fp32 problems in plain layouts run tskernels._cpu's paged decode kernel."""
+        return (_cpu is not None and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+                and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and q.stride(-1) == 1 and (out is None or out.stride(-1) == 1)
+                and self.page_table.dtype == self.seq_lens.dtype == torch.int32
+                and self.page_table.stride(-1) == 1 and self.seq_lens.is_contiguous())
+
+    def _prepare_torch(self):
+        """Gather indices and masks of the torch path (built on first use)."""
+        idx, valid, _ = _pages(self.page_table, self.seq_lens, self.page_size)
+        empty = (self.seq_lens == 0)
+        if bool(empty.any()):  # SDPA needs one visible key; the row is zeroed afterwards
+            valid[empty, 0] = True
+        else:
+            empty = None
+        # mask [B, 1, 1, L]; kv_keep zeroes gathered garbage (NaN-poisoned slots)
+        self._torch_plan = (idx, empty, valid[:, None, None, :], valid[:, None, :, None])
+        return self._torch_plan
 
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
         b, hq = q.shape[:2]
+        if self._native(q, k_cache, v_cache, out):
+            o = torch.empty_like(q) if out is None else out
+            num_pages, page_size, hkv, d = k_cache.shape
+            _cpu.decode_attn_f32(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(),
+                                 v_cache.data_ptr(), num_pages, page_size, hkv, d,
+                                 self.page_table.data_ptr(), self.page_table.stride(0),
+                                 self.page_table.shape[1], self.seq_lens.data_ptr(), b, hq,
+                                 float(self.scale), o.data_ptr(), o.stride(0), o.stride(1))
+            return o
+        idx, empty, mask, kv_keep = self._torch_plan or self._prepare_torch()
         dtype = torch.float32 if q.dtype != torch.float64 else q.dtype
-        k = _gather(k_cache, self.idx, b, dtype).where(self.kv_keep, 0.0)
-        v = _gather(v_cache, self.idx, b, dtype).where(self.kv_keep, 0.0)
+        k = _gather(k_cache, idx, b, dtype).where(kv_keep, 0.0)
+        v = _gather(v_cache, idx, b, dtype).where(kv_keep, 0.0)
         o = F.scaled_dot_product_attention(q.to(dtype)[:, :, None, :], k, v,
-                                           attn_mask=self.mask, scale=self.scale,
+                                           attn_mask=mask, scale=self.scale,
                                            enable_gqa=hq != k.shape[1])[:, :, 0]
-        if self.empty is not None:
-            o[self.empty] = 0
+        if empty is not None:
+            o[empty] = 0
         o = o.to(q.dtype)
         return o if out is None else out.copy_(o)
 
@@ -116,12 +145,24 @@ class ExtendPlan:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
-    """k_cache.view(slots)[slot_mapping] = k (and v): one index_copy_ per cache."""
+    """k_cache.view(slots)[slot_mapping] = k (and v): one index_copy_ per cache (fp32 caches:
+    tskernels._cpu's row copy)."""
     slots = slot_mapping
+    _, _, hkv, d = k_cache.shape
+    if (_cpu is not None and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and slots.is_contiguous()
+            and slots.dtype == torch.int64):
+        n = k_cache.shape[0] * k_cache.shape[1]
+        for src, cache in ((k, k_cache), (v, v_cache)):
+            src = src.reshape(src.shape[0], hkv * d)
+            if src.stride(1) != 1:
+                src = src.contiguous()
+            _cpu.store_rows_f32(src.data_ptr(), src.stride(0), cache.data_ptr(), n, hkv * d,
+                                slots.data_ptr(), slots.shape[0])
+        return
     if slots.numel() and int(slots.min()) < 0:  # padding rows (CPU: the check is cheap)
         keep = slots >= 0
         slots, k, v = slots[keep], k[keep], v[keep]
-    _, _, hkv, d = k_cache.shape
     k_cache.view(-1, hkv, d).index_copy_(0, slots, k.to(k_cache.dtype))
     v_cache.view(-1, hkv, d).index_copy_(0, slots, v.to(v_cache.dtype))
 
