@@ -217,9 +217,11 @@ def test_client_disconnect_aborts_and_frees_pages(server, http, model):
             for _ in range(3):
                 assert next(data)
             assert _metrics(http)["serve_kv_pages_used"] > 0     # the stream holds pages now
-        # Non-streaming too: a timeout on the client side is a disconnect.
+        # Non-streaming too: a timeout on the client side is a disconnect. n=16 choices of
+        # 240 tokens keep the (fast, tiny) engine busy far longer than the client waits.
         with pytest.raises(httpx.TimeoutException):
-            c.post(server.url + "/v1/completions", json={**body, "stream": False}, timeout=0.3)
+            c.post(server.url + "/v1/completions", json={**body, "stream": False, "n": 16},
+                   timeout=0.05)
     m = _wait_pool_free(http)
     assert m["serve_num_requests_running"] == 0 and m["serve_kv_pages_used"] == 0
     assert m["serve_http_requests_in_flight"] == 0

@@ -132,6 +132,13 @@ def _launch_config(head_dim: int, q_dtype: torch.dtype, on_gpu: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     if not on_gpu:
         return 16, 16, 4, 1
+    if q_dtype == torch.float32:
+        # fp32 runs IEEE dots on the FMA units: the 16-bit tiles below spilled 16-62 KB per
+        # thread and took 24-48 s to compile on sm_90 (build/compile_matrix-style AOT, ptxas);
+        # these tiles compile in 1-2 s with no spills. fp32 is the accuracy path, not the
+        # fast one.
+        return (32, 32, 4, 1) if head_dim <= 64 else (16, 32, 4, 1) if head_dim <= 128 \
+            else (16, 16, 8, 1)
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:  # H200 sweep, L=16k causal: 396 TFLOP/s vs 332 at BLOCK_N=64
