@@ -21,3 +21,13 @@ def into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         return y
     out.copy_(y)
     return out
+
+
+def rope_result(q, k, qo, ko, inplace: bool):
+    """apply_rope's return convention: (qo, ko), or written back into q and k when inplace."""
+    if not inplace:
+        return qo, ko
+    q.copy_(qo)
+    if k is not None:
+        k.copy_(ko)
+    return q, k

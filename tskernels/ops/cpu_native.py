@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import Capability, register
+from ._common import rope_result
 
 try:
     from .. import _cpu
@@ -98,9 +99,4 @@ if _cpu is not None:
         neox = style == "neox"
         qo = _rope_one(q, pos, cache, neox)
         ko = None if k is None else _rope_one(k, pos, cache, neox)
-        if inplace:
-            q.copy_(qo)
-            if k is not None:
-                k.copy_(ko)
-            return q, k
-        return qo, ko
+        return rope_result(q, k, qo, ko, inplace)

@@ -206,6 +206,14 @@ def _cases():
                  SCALED=fp8, PER_HEAD=False, SOFTCAP=fp8, WINDOW=fp8, SINKS=fp8, IEEE=False)
         out.append(CompileCase(_extend_kernel, sig, c, num_warps=8, num_stages=3, uses_dot=True,
                                label=kv_t[1:]))
+    # the fp32 accuracy path with its GPU tiles (d=128): IEEE dots run on the FMA units, so no
+    # matrix instruction is expected; the matrix records its registers and spills
+    sig = {**sig, "q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "o_ptr": "*fp32"}
+    bm, bn, nw, ns = _launch_config(128, torch.float32, True)
+    c = dict(G=4, D=128, BLOCK_D=128, PAGE=16, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SCALED=False,
+             PER_HEAD=False, SOFTCAP=True, WINDOW=False, SINKS=True, IEEE=True)
+    out.append(CompileCase(_extend_kernel, sig, c, num_warps=nw, num_stages=ns, uses_dot=False,
+                           label="fp32_ieee"))
     return out
 
 
