@@ -43,7 +43,7 @@ def main():
                 gbps = n * k * dtype.itemsize / (min(a, b) * 1e-3) / 1e9
                 line = (f"{str(dtype)[6:]:<9} M={m} N={n:<6} K={k:<5} x@W^T {a:7.3f} ms  "
                         f"(W@x^T)^T {b:7.3f} ms  torch.mm streams {gbps:5.1f} GB/s")
-                if dtype == torch.float32 and cpu_stream.available():
+                if cpu_stream.available():
                     c = _best(lambda w: cpu_stream.mm(x, w), ws)
                     line += f"  | cpu_stream {c:7.3f} ms, {n * k * 4 / (c * 1e-3) / 1e9:5.1f} GB/s"
                 print(line)

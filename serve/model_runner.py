@@ -64,7 +64,7 @@ class ModelRunner:
             self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
         self.num_q_heads = cfg.num_attention_heads
         # Name tskernels' opt-in backends where they apply: native-dtype 16-bit GEMMs everywhere
-        # ("torch_native"), on the CPU the weight-streaming fp32 GEMM for decode rows
+        # ("torch_native"), on the CPU the weight-streaming fp32 / bf16 GEMM for decode rows
         # ("cpu_stream", when the extension is built), fp32 norms / SiLU / RoPE in C++
         # ("cpu_native") and the batched attention ("torch_cpu":
         # page gather + one SDPA per step); the registry's choice elsewhere.
@@ -75,7 +75,7 @@ class ModelRunner:
         from .models import ops
         ops.gemm_backend = GEMM_BACKEND
         if device.type == "cpu" and cpu_stream.available():
-            ops.gemm_backend_fp32_cpu = cpu_stream.BACKEND
+            ops.gemm_backend_cpu = cpu_stream.BACKEND
         if device.type == "cpu" and cpu_native.available():
             ops.cpu_backend = cpu_native.BACKEND
         self.attn_backend = None

@@ -19,9 +19,9 @@ _bound: dict[tuple, object] = {}
 # keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays on
 # the reference.
 gemm_backend: str | None = None
-# The backend named for fp32 GEMMs on the CPU (the runner sets tskernels' opt-in "cpu_stream":
-# weight-streaming kernel for decode rows, torch.mm for prefill).
-gemm_backend_fp32_cpu: str | None = None
+# The backend named for fp32 / bf16 GEMMs on the CPU (the runner sets tskernels' opt-in
+# "cpu_stream": weight-streaming kernel for decode rows, torch.mm for prefill).
+gemm_backend_cpu: str | None = None
 # The backend named for fp32 norms / activation / RoPE on the CPU (the runner sets tskernels'
 # opt-in "cpu_native" when its extension is built).
 cpu_backend: str | None = None
@@ -43,8 +43,8 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     backend = gemm_backend if a.dtype in (torch.bfloat16, torch.float16) else None
     if a.device.type != "cpu":
         return tskernels.gemm.mm(a, b, out_dtype=out_dtype, backend=backend)
-    if a.dtype == torch.float32 and b.dtype == torch.float32:
-        backend = gemm_backend_fp32_cpu
+    if a.dtype in (torch.float32, torch.bfloat16) and b.dtype == a.dtype and gemm_backend_cpu:
+        backend = gemm_backend_cpu
     c = out_dtype or a.dtype
     k = _bound.get(("mm", a.dtype, b.dtype, c, backend))
     if k is None:

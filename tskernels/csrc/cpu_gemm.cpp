@@ -35,20 +35,32 @@ namespace nb = nanobind;
 namespace {
 
 // ---- kernels -------------------------------------------------------------------------------
+// Weights B are fp32 (WT = float) or bf16 (WT = uint16_t, the top half of an fp32: widened
+// exactly on load); A and C are fp32.
+template <typename WT>
 struct Args {
   const float* a;
-  const float* b;
+  const WT* b;
   float* c;
   int64_t m, n, k, lda, ldb, ldc;
 };
 
-void rows_portable(const Args& p, int64_t n0, int64_t n1) {
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <typename WT>
+void rows_portable(const Args<WT>& p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
-    const float* w = p.b + n * p.ldb;
+    const WT* w = p.b + n * p.ldb;
     for (int64_t i = 0; i < p.m; ++i) {
       const float* x = p.a + i * p.lda;
       float lanes[16] = {0};
-      for (int64_t kk = 0; kk < p.k; ++kk) lanes[kk % 16] += x[kk] * w[kk];
+      for (int64_t kk = 0; kk < p.k; ++kk) lanes[kk % 16] += x[kk] * widen(w[kk]);
       float s = 0;
       for (float v : lanes) s += v;
       p.c[i * p.ldc + n] = s;
@@ -57,57 +69,62 @@ void rows_portable(const Args& p, int64_t n0, int64_t n1) {
 }
 
 #ifdef TSK_X86
+// 16 weights widened to fp32 (a full vector, or the first `count` of them, zeros after).
+__attribute__((target("avx512f"))) inline __m512 load_w(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+__attribute__((target("avx512f"))) inline __m512 load_w(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+__attribute__((target("avx512f"))) inline __m512 load_w_tail(const float* p, int64_t count) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+}
+__attribute__((target("avx512f"))) inline __m512 load_w_tail(const uint16_t* p,
+                                                             int64_t count) {
+  uint16_t buf[16] = {0};
+  std::memcpy(buf, p, sizeof(uint16_t) * count);
+  return load_w(buf);
+}
+
 // MB rows of A times NB rows of B per inner iteration: MB * NB accumulators.
-template <int MB, int NB>
-__attribute__((target("avx512f,fma"))) void block_avx512(const Args& p, int64_t m0,
+template <int MB, int NB, typename WT>
+__attribute__((target("avx512f,fma"))) void block_avx512(const Args<WT>& p, int64_t m0,
                                                           int64_t n) {
   __m512 acc[MB][NB];
-  _Pragma("GCC unroll 16")
-for (int i = 0; i < MB; ++i)
-    _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  const float* w[NB];
-  _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j) w[j] = p.b + (n + j) * p.ldb;
+  _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const WT* w[NB];
+  _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) w[j] = p.b + (n + j) * p.ldb;
   const float* x[MB];
-  _Pragma("GCC unroll 16")
-for (int i = 0; i < MB; ++i) x[i] = p.a + (m0 + i) * p.lda;
+  _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i) x[i] = p.a + (m0 + i) * p.lda;
   int64_t kk = 0;
   for (; kk + 16 <= p.k; kk += 16) {
     if constexpr (MB > 1) {
       // With several rows of A each weight line takes longer to consume and the hardware
       // prefetcher falls behind: fetch 16 KB ahead (measured: 12-15 -> 17-19 GB/s at M=8 on
       // the dev box; no gain at M=1). Prefetches never fault past the end of B.
-      _Pragma("GCC unroll 16")
-      for (int j = 0; j < NB; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kk + 4096), _MM_HINT_T0);
+      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kk) + 16384, _MM_HINT_T0);
     }
     __m512 wv[NB];
-    _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(w[j] + kk);
-    _Pragma("GCC unroll 16")
-for (int i = 0; i < MB; ++i) {
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) wv[j] = load_w(w[j] + kk);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i) {
       __m512 xv = _mm512_loadu_ps(x[i] + kk);
-      _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
   if (kk < p.k) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (p.k - kk)) - 1u);
     __m512 wv[NB];
-    _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, w[j] + kk);
-    _Pragma("GCC unroll 16")
-for (int i = 0; i < MB; ++i) {
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) wv[j] = load_w_tail(w[j] + kk, p.k - kk);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i) {
       __m512 xv = _mm512_maskz_loadu_ps(mask, x[i] + kk);
-      _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  _Pragma("GCC unroll 16")
-for (int i = 0; i < MB; ++i)
-    _Pragma("GCC unroll 16")
-for (int j = 0; j < NB; ++j)
+  _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j)
       p.c[(m0 + i) * p.ldc + n + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
@@ -117,8 +134,8 @@ constexpr int nb_for() {
   return MB == 1 ? 8 : MB == 2 ? 4 : MB <= 4 ? 4 : 2;
 }
 
-template <int MB>
-__attribute__((target("avx512f,fma"))) void rows_mb(const Args& p, int64_t m0, int64_t n0,
+template <int MB, typename WT>
+__attribute__((target("avx512f,fma"))) void rows_mb(const Args<WT>& p, int64_t m0, int64_t n0,
                                                     int64_t n1) {
   constexpr int NB = nb_for<MB>();
   int64_t n = n0;
@@ -126,7 +143,8 @@ __attribute__((target("avx512f,fma"))) void rows_mb(const Args& p, int64_t m0, i
   for (; n < n1; ++n) block_avx512<MB, 1>(p, m0, n);
 }
 
-void rows_avx512(const Args& p, int64_t n0, int64_t n1) {
+template <typename WT>
+void rows_avx512(const Args<WT>& p, int64_t n0, int64_t n1) {
   // A's rows in groups of <= 8 (each group streams this thread's slice of B once; with
   // M <= 16 that is at most two passes, the second from L2/L3 for the slices that fit).
   for (int64_t m0 = 0; m0 < p.m; m0 += 8) {
@@ -153,13 +171,14 @@ bool has_avx512() {
 #endif
 }
 
-void gemm_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
-              int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+template <typename WT>
+void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
+               int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
   if (m < 0 || n < 0 || k < 0 || m > 16)
     throw std::invalid_argument("gemm_f32: need 0 <= M <= 16 and N, K >= 0");
   if (lda < k || ldb < k || ldc < n) throw std::invalid_argument("gemm_f32: bad leading dims");
-  Args p{reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
-         reinterpret_cast<float*>(c), m, n, k, lda, ldb, ldc};
+  Args<WT> p{reinterpret_cast<const float*>(a), reinterpret_cast<const WT*>(b),
+             reinterpret_cast<float*>(c), m, n, k, lda, ldb, ldc};
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
@@ -192,6 +211,16 @@ void gemm_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t) slice(t);
 #endif
+}
+
+void gemm_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
+              int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+  gemm_impl<float>(a, b, c, m, n, k, lda, ldb, ldc, vector);
+}
+
+void gemm_bf16w(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
+                int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+  gemm_impl<uint16_t>(a, b, c, m, n, k, lda, ldb, ldc, vector);
 }
 
 
@@ -543,6 +572,10 @@ NB_MODULE(_cpu, mod) {
     return false;
 #endif
   });
+  mod.def("gemm_bf16w", &gemm_bf16w, nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
+          nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"), nb::arg("ldc"),
+          nb::arg("vector") = true,
+          "As gemm_f32 with bf16 weights B (widened exactly); A and C float32.");
   mod.def("has_avx512", &has_avx512);
   mod.def("decode_attn_f32", &decode_attn_f32, nb::arg("q"), nb::arg("q_sb"), nb::arg("q_sh"),
           nb::arg("k"), nb::arg("v"), nb::arg("num_pages"), nb::arg("page_size"),
