@@ -28,7 +28,7 @@ cpu_backend: str | None = None
 
 
 def _cpu_backend(dtype: torch.dtype) -> str | None:
-    return cpu_backend if dtype == torch.float32 else None
+    return cpu_backend if dtype in (torch.float32, torch.bfloat16) else None
 
 
 def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **problem):

@@ -1,10 +1,11 @@
-"""CPU backend "cpu_native": fp32 RMSNorm (+ fused residual add), SiLU-and-mul and RoPE in C++
-(tskernels/csrc/cpu_gemm.cpp, compiled into `tskernels._cpu`).
+"""CPU backend "cpu_native": RMSNorm (+ fused residual add), SiLU-and-mul and RoPE in C++
+(tskernels/csrc/cpu_gemm.cpp, compiled into `tskernels._cpu`), fp32 math for fp32 and bf16
+tensors (bf16 is widened, computed in fp32 and rounded once, as the references do).
 
 A CPU decode step makes ~150 of these calls on tiny rows; the references spend most of their
 time in dtype round trips and a dozen small tensor ops each. Same math as tskernels_ref (fp32
-throughout, different summation order). CPU only, fp32 only, opt-in (never auto-selected: on a
-CPU the reference is the default); serve's model runner names it for fp32 models. Run-verified
+throughout, different summation order). CPU only, opt-in (never auto-selected: on a CPU the
+reference is the default); serve's model runner names it for fp32 / bf16 models. Run-verified
 on the CPU by tests/kernels/test_cpu_native.py. Without the built extension nothing registers.
 """
 from __future__ import annotations
@@ -33,9 +34,18 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _norm(x, residual, weight, eps):
+    if x.dtype == torch.bfloat16:
+        # bf16: as the reference, the residual sum is rounded to bf16 before it is normalized;
+        # the norm runs in fp32 and the result is rounded once
+        new_res = None
+        if residual is not None:
+            new_res = (x.float() + residual.float()).to(torch.bfloat16)
+            x = new_res
+        y, _ = _norm(x.float(), None, weight.float(), eps)
+        return y.to(torch.bfloat16), new_res
     n = x.shape[-1]
     x2 = _rows(x)
-    w = weight.contiguous()
+    w = weight.to(torch.float32).contiguous()
     y = torch.empty(x.shape, dtype=x.dtype)
     y2 = y.view(-1, n)
     if residual is None:
@@ -50,6 +60,8 @@ def _norm(x, residual, weight, eps):
 
 
 def _rope_one(x, positions, cache, neox):
+    if x.dtype == torch.bfloat16:
+        return _rope_one(x.float(), positions, cache, neox).to(torch.bfloat16)
     t, h, d = x.shape
     out = torch.empty(t, h, d, dtype=x.dtype)
     _cpu.rope_f32(x.data_ptr(), x.stride(0), x.stride(1), out.data_ptr(), t, h, d,
@@ -62,7 +74,9 @@ if _cpu is not None:
     _KW = dict(backend=BACKEND, capability=CPU_ONLY, band="portable", run_verified=("cpu",),
                opt_in=True, tags=("deterministic",))
 
-    @register("norm", "rmsnorm", formats={"x": ("fp32",), "weight": ("fp32",)}, **_KW)
+    _F = ("fp32", "bf16")
+
+    @register("norm", "rmsnorm", formats={"x": _F, "weight": _F}, **_KW)
     def rmsnorm(x, weight, eps, out=None):
         """fp32 RMSNorm in C++."""
         y, _ = _norm(x, None, weight, eps)
@@ -71,15 +85,17 @@ if _cpu is not None:
         out.copy_(y)
         return out
 
-    @register("norm", "fused_add_rmsnorm", formats={"x": ("fp32",), "weight": ("fp32",)},
-              **_KW)
+    @register("norm", "fused_add_rmsnorm", formats={"x": _F, "weight": _F}, **_KW)
     def fused_add_rmsnorm(x, residual, weight, eps):
         """fp32 residual add + RMSNorm in C++; returns (y, x + residual)."""
         return _norm(x, residual, weight, eps)
 
-    @register("activation", "silu_and_mul", formats={"x": ("fp32",)}, **_KW)
+    @register("activation", "silu_and_mul", formats={"x": _F}, **_KW)
     def silu_and_mul(x, out=None):
-        """fp32 silu(gate) * up in C++."""
+        """silu(gate) * up in C++ (fp32 math; bf16 rounded once)."""
+        if x.dtype == torch.bfloat16:
+            y = silu_and_mul(x.float()).to(torch.bfloat16)
+            return y if out is None else out.copy_(y)
         x2 = _rows(x)
         inter = x.shape[-1] // 2
         y = torch.empty(*x.shape[:-1], inter, dtype=x.dtype)
@@ -91,7 +107,7 @@ if _cpu is not None:
         out.copy_(y)
         return out
 
-    @register("rope", "apply_rope", formats={"q": ("fp32",)}, **_KW)
+    @register("rope", "apply_rope", formats={"q": _F}, **_KW)
     def apply_rope(q, k, positions, cos_sin_cache, *, style, inplace):
         """fp32 rotary embedding in C++ (neox / gptj, partial rotary)."""
         cache = cos_sin_cache.to(torch.float32).contiguous()
