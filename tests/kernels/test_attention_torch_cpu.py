@@ -171,3 +171,30 @@ def test_native_decode_vector_and_portable_paths_agree_with_reference(d, hq, hkv
             16, hkv, d, table.data_ptr(), table.stride(0), table.shape[1], seq.data_ptr(), 4, hq,
             d ** -0.5, o.data_ptr(), o.stride(0), o.stride(1), vector=vector)
         assert_close(o, want, baseline=ref.decode(q, kc, vc, table, seq), name=f"vector={vector}")
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("d,hq,hkv", [(64, 9, 3), (128, 4, 4), (32, 6, 2), (64, 16, 1)])
+def test_decode_bf16_cache_matches_reference(d, hq, hkv, q_dtype, path):
+    """bf16 caches (the engine's bf16 pool): widened as read, fp32 math, o rounded once."""
+    g, kc, vc, table, seq = _problem(13, [0, 1, 37, 100, 16], 16, hq, hkv, d)
+    kc, vc = kc.bfloat16(), vc.bfloat16()
+    q = torch.randn(5, hq, d, generator=g).to(q_dtype)
+    plan = tskernels.attention.decode_plan(table, seq, num_q_heads=hq, k_cache=kc,
+                                           q_dtype=q.dtype, backend=BACKEND)
+    out = torch.full_like(q, float("nan"))
+    got = plan.run(q, kc, vc, out=out)
+    assert got is out
+    want = ref.decode(q.double(), kc.double(), vc.double(), table, seq)
+    assert_close(got, want, baseline=ref.decode(q, kc, vc, table, seq))
+    if path == "native":
+        for vector in (True, False):
+            o = torch.full((5, hq, d), float("nan"))
+            qf = q.float()
+            torch_cpu._cpu.decode_attn_f32(
+                qf.data_ptr(), qf.stride(0), qf.stride(1), kc.data_ptr(), vc.data_ptr(),
+                kc.shape[0], 16, hkv, d, table.data_ptr(), table.stride(0), table.shape[1],
+                seq.data_ptr(), 5, hq, d ** -0.5, o.data_ptr(), o.stride(0), o.stride(1),
+                vector=vector, bf16_cache=True)
+            assert_close(o, ref.decode(qf.double(), kc.double(), vc.double(), table, seq),
+                         name=f"bf16 cache, vector={vector}")

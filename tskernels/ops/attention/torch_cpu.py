@@ -62,8 +62,10 @@ class DecodePlan:
         self._torch_plan = None
 
     def _native(self, q, k_cache, v_cache, out) -> bool:
-        """fp32 problems in plain layouts run tskernels._cpu's paged decode kernel."""
-        return (_cpu is not None and q.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+        """fp32 / bf16 problems in plain layouts run tskernels._cpu's paged decode kernel."""
+        return (_cpu is not None and k_cache.dtype == v_cache.dtype and
+                k_cache.dtype in (torch.float32, torch.bfloat16)
+                and q.dtype in (torch.float32, torch.bfloat16)
                 and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and q.stride(-1) == 1 and (out is None or out.stride(-1) == 1)
                 and self.page_table.dtype == self.seq_lens.dtype == torch.int32
@@ -84,14 +86,22 @@ class DecodePlan:
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
         b, hq = q.shape[:2]
         if self._native(q, k_cache, v_cache, out):
-            o = torch.empty_like(q) if out is None else out
+            # fp32 math: a bf16 cache is widened as it is read, bf16 q once, o rounded once
+            qf = q if q.dtype == torch.float32 else q.float()
+            direct = q.dtype == torch.float32
+            o = (torch.empty_like(qf) if out is None else out) if direct else \
+                torch.empty_like(qf)
             num_pages, page_size, hkv, d = k_cache.shape
-            _cpu.decode_attn_f32(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(),
+            _cpu.decode_attn_f32(qf.data_ptr(), qf.stride(0), qf.stride(1), k_cache.data_ptr(),
                                  v_cache.data_ptr(), num_pages, page_size, hkv, d,
                                  self.page_table.data_ptr(), self.page_table.stride(0),
                                  self.page_table.shape[1], self.seq_lens.data_ptr(), b, hq,
-                                 float(self.scale), o.data_ptr(), o.stride(0), o.stride(1))
-            return o
+                                 float(self.scale), o.data_ptr(), o.stride(0), o.stride(1),
+                                 bf16_cache=k_cache.dtype == torch.bfloat16)
+            if direct:
+                return o
+            o = o.to(q.dtype)
+            return o if out is None else out.copy_(o)
         idx, empty, mask, kv_keep = self._torch_plan or self._prepare_torch()
         dtype = torch.float32 if q.dtype != torch.float64 else q.dtype
         k = _gather(k_cache, idx, b, dtype).where(kv_keep, 0.0)
@@ -145,11 +155,12 @@ class ExtendPlan:
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
-    """k_cache.view(slots)[slot_mapping] = k (and v): one index_copy_ per cache (fp32 caches:
-    tskernels._cpu's row copy)."""
+    """k_cache.view(slots)[slot_mapping] = k (and v): one index_copy_ per cache (fp32 / bf16
+    caches: tskernels._cpu's row copy)."""
     slots = slot_mapping
     _, _, hkv, d = k_cache.shape
-    if (_cpu is not None and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == torch.float32
+    if (_cpu is not None and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+            and k.dtype in (torch.float32, torch.bfloat16)
             and k_cache.is_contiguous() and v_cache.is_contiguous() and slots.is_contiguous()
             and slots.dtype == torch.int64):
         n = k_cache.shape[0] * k_cache.shape[1]
@@ -157,8 +168,8 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
             src = src.reshape(src.shape[0], hkv * d)
             if src.stride(1) != 1:
                 src = src.contiguous()
-            _cpu.store_rows_f32(src.data_ptr(), src.stride(0), cache.data_ptr(), n, hkv * d,
-                                slots.data_ptr(), slots.shape[0])
+            _cpu.store_rows(src.data_ptr(), src.stride(0), cache.data_ptr(), n, hkv * d,
+                            slots.data_ptr(), slots.shape[0], src.element_size())
         return
     if slots.numel() and int(slots.min()) < 0:  # padding rows (CPU: the check is cheap)
         keep = slots >= 0
