@@ -7,12 +7,29 @@ Capture fails loudly if any op synchronises with the host; the runner then decod
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
 
 from .forward_batch import ForwardBatch, StepMeta
+
+
+def _capture(step, pool):
+    """Record `step()` into a CUDA graph; returns (graph, the output tensor it writes)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = step()
+    return graph, out
+
+
+def _pool():
+    return torch.cuda.graph_pool_handle()
+
+
+def _sync(dev):
+    torch.cuda.synchronize(dev)
 
 
 def graph_batch_sizes(max_bs: int) -> list[int]:
@@ -37,7 +54,7 @@ class CudaGraphs:
         # per size: the graph, its output, and the attention state whose plans (and their
         # split-KV workspaces) the captured kernels read: it must live as long as the graph
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, object]] = {}
-        pool = torch.cuda.graph_pool_handle()
+        pool = _pool()
         with torch.inference_mode():
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
                 meta = StepMeta(self.positions[:bs], self.slot_mapping[:bs],
@@ -45,13 +62,12 @@ class CudaGraphs:
                                 self.seq_lens[:bs], num_decode=bs, num_requests=bs,
                                 max_seq_len=runner.max_model_len)
                 batch = ForwardBatch(self.positions[:bs], runner.attention_state(meta))
-                runner.model(self.input_ids[:bs], batch)  # warm-up: autotune, allocations
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = runner.model(self.input_ids[:bs], batch)
+                step = functools.partial(runner.model, self.input_ids[:bs], batch)
+                step()  # warm-up: autotune, allocations
+                _sync(dev)
+                graph, out = _capture(step, pool)
                 self.graphs[bs] = (graph, out, batch)
-        torch.cuda.synchronize(dev)
+        _sync(dev)
 
     def run(self, plan) -> torch.Tensor | None:
         """Hidden states [R, H] of a decode-only plan, or None when no graph fits it."""
