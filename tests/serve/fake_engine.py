@@ -24,35 +24,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# the engine contract's own types (ipc looks SamplingParams up in this module)
+from serve.sampling_params import RequestOutput, SamplingParams  # noqa: F401
+
 SCRIPT = "Hello from the fake engine! 🙂 Ünïcödé 世界. The quick brown fox jumps over the lazy dog. "
 EOS = "<|end|>"
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    stop_token_ids: tuple = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list
-    logprobs: list | None
-    top_logprobs: list | None
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
 
 
 def make_tokenizer():

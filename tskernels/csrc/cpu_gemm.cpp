@@ -175,8 +175,8 @@ template <typename WT>
 void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
                int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
   if (m < 0 || n < 0 || k < 0 || m > 16)
-    throw std::invalid_argument("gemm_f32: need 0 <= M <= 16 and N, K >= 0");
-  if (lda < k || ldb < k || ldc < n) throw std::invalid_argument("gemm_f32: bad leading dims");
+    throw std::invalid_argument("gemm: need 0 <= M <= 16 and N, K >= 0");
+  if (lda < k || ldb < k || ldc < n) throw std::invalid_argument("gemm: bad leading dims");
   Args<WT> p{reinterpret_cast<const float*>(a), reinterpret_cast<const WT*>(b),
              reinterpret_cast<float*>(c), m, n, k, lda, ldb, ldc};
   if (m == 0 || n == 0) return;

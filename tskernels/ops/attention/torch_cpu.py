@@ -87,10 +87,9 @@ class DecodePlan:
         b, hq = q.shape[:2]
         if self._native(q, k_cache, v_cache, out):
             # fp32 math: a bf16 cache is widened as it is read, bf16 q once, o rounded once
-            qf = q if q.dtype == torch.float32 else q.float()
             direct = q.dtype == torch.float32
-            o = (torch.empty_like(qf) if out is None else out) if direct else \
-                torch.empty_like(qf)
+            qf = q if direct else q.float()
+            o = out if direct and out is not None else torch.empty_like(qf)
             num_pages, page_size, hkv, d = k_cache.shape
             _cpu.decode_attn_f32(qf.data_ptr(), qf.stride(0), qf.stride(1), k_cache.data_ptr(),
                                  v_cache.data_ptr(), num_pages, page_size, hkv, d,
