@@ -54,19 +54,14 @@ class StepMeta:
     max_seq_len: int | None = None  # decode plan sizing (graphs: max_model_len)
 
 
-_stores: dict = {}
-
-
 def _cpu_store(backend, dtype, hkv, d, fp8):
     """The store_kv kernel the public op would select for this cache, bound once."""
-    key = (backend, dtype, hkv, d, fp8)
-    if key not in _stores:
-        _stores[key] = tskernels.select(
-            "attention", "store_kv", device="cpu", backend=backend,
-            formats={"k": tskernels.fmt(dtype),
-                     "kv": "fp8_e4m3:per_tensor" if fp8 else tskernels.fmt(dtype)},
-            traits={"head_dim": d})
-    return _stores[key]
+    from .models import ops
+
+    kv = "fp8_e4m3:per_tensor" if fp8 else tskernels.fmt(dtype)
+    return ops._kernel(("store_kv", backend, dtype, hkv, d, fp8), "attention", "store_kv",
+                       backend, lambda: dict(formats={"k": tskernels.fmt(dtype), "kv": kv},
+                                             traits={"head_dim": d}))
 
 
 class AttentionState:

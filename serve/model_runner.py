@@ -65,9 +65,9 @@ class ModelRunner:
         self.num_q_heads = cfg.num_attention_heads
         # Name tskernels' opt-in backends where they apply: native-dtype 16-bit GEMMs everywhere
         # ("torch_native"), on the CPU the weight-streaming fp32 / bf16 GEMM for decode rows
-        # ("cpu_stream", when the extension is built), fp32 norms / SiLU / RoPE in C++
-        # ("cpu_native") and the batched attention ("torch_cpu":
-        # page gather + one SDPA per step); the registry's choice elsewhere.
+        # ("cpu_stream", when the extension is built), fp32 / bf16 norms / SiLU / RoPE in C++
+        # ("cpu_native") and the batched attention ("torch_cpu": C++ decode for fp32 / bf16
+        # caches, page gather + SDPA otherwise); the registry's choice elsewhere.
         from tskernels.ops import cpu_native
         from tskernels.ops.gemm import cpu_stream
         from tskernels.ops.gemm.torch_native import BACKEND as GEMM_BACKEND

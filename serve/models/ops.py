@@ -22,8 +22,8 @@ gemm_backend: str | None = None
 # The backend named for fp32 / bf16 GEMMs on the CPU (the runner sets tskernels' opt-in
 # "cpu_stream": weight-streaming kernel for decode rows, torch.mm for prefill).
 gemm_backend_cpu: str | None = None
-# The backend named for fp32 norms / activation / RoPE on the CPU (the runner sets tskernels'
-# opt-in "cpu_native" when its extension is built).
+# The backend named for fp32 / bf16 norms / activation / RoPE on the CPU (the runner sets
+# tskernels' opt-in "cpu_native" when its extension is built).
 cpu_backend: str | None = None
 
 
@@ -31,10 +31,11 @@ def _cpu_backend(dtype: torch.dtype) -> str | None:
     return cpu_backend if dtype in (torch.float32, torch.bfloat16) else None
 
 
-def _kernel(key: tuple, family: str, op: str, backend: str | None = None, **problem):
+def _kernel(key: tuple, family: str, op: str, backend: str | None, problem):
+    """The kernel bound for `key`; `problem()` (formats / traits) is only built on a miss."""
     k = _bound.get(key)
     if k is None:
-        k = _bound[key] = tskernels.select(family, op, device="cpu", backend=backend, **problem)
+        k = _bound[key] = tskernels.select(family, op, device="cpu", backend=backend, **problem())
     return k
 
 
@@ -46,11 +47,14 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     if a.dtype in (torch.float32, torch.bfloat16) and b.dtype == a.dtype and gemm_backend_cpu:
         backend = gemm_backend_cpu
     c = out_dtype or a.dtype
-    k = _bound.get(("mm", a.dtype, b.dtype, c, backend))
-    if k is None:
-        k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend=backend,
-                    formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})
+    k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend,
+                lambda: dict(formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)}))
     return k(a, b, out_dtype=out_dtype)
+
+
+def _norm_problem(x: torch.Tensor, weight: torch.Tensor) -> dict:
+    return dict(formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)},
+                traits={"hidden": x.shape[-1]})
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float):
@@ -58,8 +62,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float):
         return tskernels.norm.rmsnorm(x, weight, eps)
     n = x.shape[-1]
     be = _cpu_backend(weight.dtype if x.dtype == weight.dtype else None)
-    k = _kernel(("rmsnorm", x.dtype, weight.dtype, n, be), "norm", "rmsnorm", backend=be,
-                formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)}, traits={"hidden": n})
+    k = _kernel(("rmsnorm", x.dtype, weight.dtype, n, be), "norm", "rmsnorm", be,
+                lambda: _norm_problem(x, weight))
     return k(x, weight, eps, out=None)
 
 
@@ -69,8 +73,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     n = x.shape[-1]
     be = _cpu_backend(weight.dtype if x.dtype == weight.dtype else None)
     k = _kernel(("fused_add_rmsnorm", x.dtype, weight.dtype, n, be), "norm",
-                "fused_add_rmsnorm", backend=be,
-                formats={"x": fmt(x.dtype), "weight": fmt(weight.dtype)}, traits={"hidden": n})
+                "fused_add_rmsnorm", be, lambda: _norm_problem(x, weight))
     return k(x, residual, weight, eps)
 
 
@@ -78,8 +81,8 @@ def silu_and_mul(x: torch.Tensor):
     if x.device.type != "cpu":
         return tskernels.activation.silu_and_mul(x)
     be = _cpu_backend(x.dtype)
-    k = _kernel(("silu_and_mul", x.dtype, be), "activation", "silu_and_mul", backend=be,
-                formats={"x": fmt(x.dtype)})
+    k = _kernel(("silu_and_mul", x.dtype, be), "activation", "silu_and_mul", be,
+                lambda: dict(formats={"x": fmt(x.dtype)}))
     return k(x, out=None)
 
 
@@ -87,6 +90,6 @@ def apply_rope(q, k, positions, cos_sin_cache, *, style: str):
     if q.device.type != "cpu":
         return tskernels.rope.apply_rope(q, k, positions, cos_sin_cache, style=style)
     be = _cpu_backend(q.dtype)
-    kern = _kernel(("apply_rope", q.dtype, style, be), "rope", "apply_rope", backend=be,
-                   formats={"q": fmt(q.dtype)}, traits={"style": style})
+    kern = _kernel(("apply_rope", q.dtype, style, be), "rope", "apply_rope", be,
+                   lambda: dict(formats={"q": fmt(q.dtype)}, traits={"style": style}))
     return kern(q, k, positions, cos_sin_cache, style=style, inplace=False)
