@@ -56,7 +56,9 @@ def engine_main(target: str, model: str, engine_kwargs: dict, in_addr: str, out_
     """Entry point of the engine process (multiprocessing 'spawn' target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sigterm_at: list[float] = []
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # loading: exit now
+    # loading: exit now — the default action, so that a long C call (reading the weights)
+    # cannot defer it the way it defers a Python-level handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
