@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU work still owed, in one device call (writes JSON + the streamed pytest log under $OUT;
 # ~8-10 minutes):
-#   1. GPU tier for the kernels not yet run-verified (extend, MLA, native GEMM), in parallel
+#   1. GPU tier for what is not yet run-verified (extend, the serving CUDA graphs, decode's
+#      shipped tuned configs), in parallel
 #      over the machine's CPU cores (the time goes to Triton JIT compiles), gpu profile;
-#   2. the decode tier again with the full gpu profile;
-#   3. the serving figure (dummy Llama-3-8B shape vs HF generate).
+#   2. the serving figure (dummy Llama-3-8B shape vs HF generate).
 # Starlette/uvicorn/pyzmq wheels (not in the device image) are installed from an ignored .whl/
 # folder when carried there.
 # Usage on the device: bash benchmarks/gpu_pending.sh   (PYTHONPATH=. is set here)
@@ -25,12 +25,8 @@ python -c "import scheduler" 2>/dev/null || {  # fall back to a direct CMake bui
 P="--pytest-arg=-n --pytest-arg=15 --pytest-arg=-p --pytest-arg=no:cacheprovider --pytest-arg=--timeout=240"
 timeout 340 python benchmarks/gpu_tier.py --timeout 320 --out "$OUT/gpu_tier_pending.json" $P \
   --kernel attention.extend.triton=tests/kernels/test_attention_extend.py \
-  --kernel 'mla.decode.triton=tests/kernels/test_mla.py::test_mla_decode_matches_reference,tests/kernels/test_attention_graph.py::test_mla_decode_graph_replay' \
-  --kernel 'mla.extend.triton=tests/kernels/test_mla.py::test_mla_extend_matches_reference' \
-  --kernel gemm.mm.torch_native=tests/kernels/test_gemm_native.py \
-  --kernel attention.merge_states.triton=tests/kernels/test_merge_states.py \
   --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
-  --kernel 'attention.decode.triton=tests/kernels/test_attention_decode.py,tests/kernels/test_attention_graph.py::test_decode_graph_replay,tests/kernels/test_attention_tuned.py' \
+  --kernel 'attention.decode.triton(tuned)=tests/kernels/test_attention_tuned.py' \
   2>&1 | tail -25
 unset OMP_NUM_THREADS TSKERNELS_TEST_SHARDS
 timeout 230 python benchmarks/serve_gpu_bench.py --profile --json "$OUT/serve_gpu.json" 2>&1 | grep -v warn | tail -40

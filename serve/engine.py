@@ -248,7 +248,7 @@ class Engine:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"params: {len(plist)} SamplingParams for {len(prompts)} prompts")
-        results, order = {}, []
+        results, order, detok = {}, [], set()
         for prompt, p in zip(prompts, plist):
             rid = f"gen-{next(self._ids)}"
             ids = self._encode(prompt)
@@ -256,6 +256,8 @@ class Engine:
             results[rid] = GenerateOutput(rid, ids, logprobs=[] if p.logprobs is not None else None,
                                           top_logprobs=[] if p.logprobs is not None else None)
             order.append(rid)
+            if p.detokenize:
+                detok.add(rid)
         pending = set(order)
         while pending:
             for out in self.step():
@@ -265,7 +267,8 @@ class Engine:
                 self._accumulate(res, out)
                 if out.finished:
                     pending.discard(out.request_id)
-        for res in results.values():
+        for rid in detok:
+            res = results[rid]
             res.text = self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
         return [results[rid] for rid in order]
 

@@ -32,6 +32,8 @@ class SamplingParams:
     (0 is accepted as off); min_p in [0, 1]; seed: None (engine-chosen) or an int;
     stop_token_ids: extra token ids that finish the request (EOS always does unless ignore_eos);
     logprobs: None, or n in [0, 20]: the chosen token's logprob plus the n best alternatives.
+    detokenize: whether `Engine.generate` fills the result's text (False: token ids only, no
+    tokenizer needed).
     Invalid values raise ValueError naming the field.
     """
 
@@ -44,6 +46,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    detokenize: bool = True
 
     def __post_init__(self):
         self.max_tokens = _int("max_tokens", self.max_tokens, 1, MAX_TOKENS_LIMIT)
@@ -68,6 +71,8 @@ class SamplingParams:
         self.stop_token_ids = tuple(_int("stop_token_ids", t, 0) for t in self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize: expected a bool, got {self.detokenize!r}")
         if self.logprobs is not None:
             self.logprobs = _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
 

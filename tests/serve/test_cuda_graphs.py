@@ -45,7 +45,7 @@ def test_graph_replay_matches_eager_forward(engine, batch):
         prompts = [torch.randint(5, 400, (int(n),), generator=g).tolist()
                    for n in torch.randint(1, 300, (batch,), generator=g)]
         outs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0,
-                                                       ignore_eos=True))
+                                                       ignore_eos=True, detokenize=False))
     finally:
         graphs.run = replay
     assert [len(o.token_ids) for o in outs] == [24] * batch

@@ -29,7 +29,7 @@ def _drain(engine) -> list[RequestOutput]:
     ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
     ("top_k", 2.0), ("min_p", -0.1), ("min_p", 1.1), ("seed", "x"), ("seed", 1.0),
     ("stop_token_ids", "2"), ("stop_token_ids", [-1]), ("stop_token_ids", 5),
-    ("ignore_eos", 1), ("logprobs", -1), ("logprobs", 21), ("logprobs", True),
+    ("ignore_eos", 1), ("detokenize", "no"), ("logprobs", -1), ("logprobs", 21), ("logprobs", True),
 ])
 def test_sampling_params_rejects(field, value):
     with pytest.raises(ValueError, match=field):
@@ -41,6 +41,15 @@ def test_sampling_params_accepts_edges():
                        stop_token_ids=[3, 4], logprobs=0)
     assert p.stop_token_ids == (3, 4) and p.greedy
     assert SamplingParams(top_k=0, top_p=1e-3, logprobs=20, seed=2**64 - 1).top_k == 0
+
+
+def test_generate_without_detokenize(engine):
+    """detokenize=False returns the same tokens and no text (no tokenizer needed)."""
+    greedy = dict(max_tokens=6, temperature=0.0, ignore_eos=True)
+    with_text = engine.generate(PROMPT, SamplingParams(**greedy))[0]
+    ids_only = engine.generate(PROMPT, SamplingParams(**greedy, detokenize=False))[0]
+    assert ids_only.token_ids == with_text.token_ids and len(ids_only.token_ids) == 6
+    assert ids_only.text == "" and with_text.text != ""
 
 
 @pytest.mark.parametrize("kwargs,exc", [
