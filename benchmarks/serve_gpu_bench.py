@@ -7,7 +7,8 @@
         --batch 1 4 --new-tokens 8    # smoke run without a GPU
 
 Decode ms/step is the median wall time of steady-state decode steps (prefill excluded);
-tokens/s counts generated tokens over the whole generate call, prefill included, on both sides.
+tokens/s counts generated tokens over the whole generate call, prefill included, on both sides;
+both sides warm up at each batch size first (kernel compiles are not timed).
 """
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def engine_figures(engine, batch: int, new_tokens: int):
     vocab = min(30000, engine.hf_config.vocab_size)
     prompts = [torch.randint(10, vocab, (PROMPT_LEN,), generator=g).tolist()
                for _ in range(batch)]
+    # warm-up at this batch size on other prompts of the same length (no prefix-cache hits
+    # later): the prefill / decode kernels of these shapes compile here, not in the timed call
+    engine.generate([torch.randint(10, vocab, (PROMPT_LEN,), generator=g).tolist()
+                     for _ in range(batch)],
+                    SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True,
+                                   detokenize=False))
     p = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add_request(f"b{batch}-{i}", ids, p)

@@ -144,13 +144,25 @@ class ModelRunner:
         """Execute `plan`; `requests[r]` holds row r's sampling inputs (None: no sample)."""
         num_rows = len(plan.request_ids)
         sample_rows = np.flatnonzero(np.asarray(plan.sample))
-        hidden = None
-        if self.graphs is not None and plan.num_decode == num_rows:
-            hidden = self.graphs.run(plan)
-        if hidden is None:
-            input_ids, meta = self.step_meta(plan)
-            hidden = self.forward(input_ids, meta)
         token_ids = np.zeros(num_rows, dtype=np.int32)
+        if self.graphs is not None and plan.num_decode == num_rows:
+            got = self.graphs.run(plan)
+            if got is not None:  # the graph computed every row's logits and greedy choice
+                logits, greedy = got
+                if len(sample_rows) != num_rows:
+                    sel = torch.from_numpy(sample_rows).to(self.device)
+                    logits, greedy = logits[sel], greedy[sel]
+                if not len(sample_rows):
+                    return StepResult(token_ids, None, None, sample_rows)
+                reqs = [requests[r] for r in sample_rows]
+                if self._all_greedy(reqs):
+                    token_ids[sample_rows] = self.graphs.fetch_ids(greedy)
+                    return StepResult(token_ids, None, None, sample_rows)
+                ids, lp, top = self.sample(logits, reqs)
+                token_ids[sample_rows] = ids
+                return StepResult(token_ids, lp, top, sample_rows)
+        input_ids, meta = self.step_meta(plan)
+        hidden = self.forward(input_ids, meta)
         if not len(sample_rows):
             return StepResult(token_ids, None, None, sample_rows)
         last = np.asarray(plan.qo_indptr)[1:][sample_rows] - 1
@@ -164,9 +176,13 @@ class ModelRunner:
         token_ids[sample_rows] = ids
         return StepResult(token_ids, lp, top, sample_rows)
 
+    @staticmethod
+    def _all_greedy(reqs: list[SampleRequest]) -> bool:
+        return all(r.num_logprobs is None and r.temperature < SAMPLING_EPS for r in reqs)
+
     def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]):
         want = [r.num_logprobs for r in reqs if r.num_logprobs is not None]
-        if not want and all(r.temperature < SAMPLING_EPS for r in reqs):
+        if self._all_greedy(reqs):
             ids = tskernels.sampling.greedy(logits)
             return ids.to(torch.int32).cpu().numpy(), None, None
         dev = logits.device
