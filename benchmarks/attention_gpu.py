@@ -74,32 +74,40 @@ def sweep_decode():
 
 
 def sweep_extend():
-    """Extend launch configs on the prefill / chunk shapes, checked against SDPA."""
+    """Extend launch configs on the prefill / chunk shapes, with the new tokens' K/V read
+    contiguously ("contig") and through the page table ("paged"), checked against SDPA and
+    timed next to it."""
     from tskernels.bench.cases.attention import (_extend_flops, _make_extend, _prepare_extend,
                                                  _sdpa_extend)
     rows = []
-    for shape in ({"N": 16384, "P": 0}, {"N": 1024, "P": 16384}):
+    for shape in ({"N": 4096, "P": 0}, {"N": 16384, "P": 0}, {"N": 1024, "P": 16384}):
         gen = torch.Generator("cuda").manual_seed(0)
         d = _prepare_extend(_make_extend(shape, "cuda", gen))
         ref = _sdpa_extend(d, d["kcont"], d["vcont"])[0].transpose(0, 1).float()
-        for cfg in ((128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
-                    (128, 32, 8, 4), (128, 128, 8, 2)):
+        sdpa_us = _time(lambda d: _sdpa_extend(d, d["kcont"], d["vcont"]), [d], iters=20)
+        flops = _extend_flops(shape)
+        print(f"EXT {shape} sdpa {sdpa_us:.1f} us {flops / sdpa_us / 1e6:.0f} TFLOP/s",
+              flush=True)
+        for cfg in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
+                    (64, 64, 4, 3), (128, 32, 8, 4)):
             p = d["plan"]
-            p.block_m, p.block_n, p.num_warps, p.num_stages = cfg
             p.__init__(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
                        head_dim=128, page_size=16, q_dtype=torch.bfloat16,
                        kv_dtype=torch.bfloat16, scale=128 ** -0.5, config=cfg)
-            try:
-                o = p.run(d["q"], d["kc"], d["vc"]).float()
-                err = ((o - ref).norm() / ref.norm()).item()
-                us = _time(lambda d: p.run(d["q"], d["kc"], d["vc"], out=d["out"]), [d],
-                           iters=20)
-            except Exception as e:
-                print("skip", shape, cfg, type(e).__name__, str(e)[:100])
-                continue
-            rows.append(dict(shape=shape, cfg=cfg, us=us, err=err,
-                             tflops=_extend_flops(shape) / us / 1e6))
-            print("EXT", rows[-1], flush=True)
+            for mode in ("contig", "paged"):
+                kw = dict(k=d["knew"], v=d["vnew"]) if mode == "contig" else {}
+                try:
+                    o = p.run(d["q"], d["kc"], d["vc"], **kw).float()
+                    err = ((o - ref).norm() / ref.norm()).item()
+                    us = _time(lambda d: p.run(d["q"], d["kc"], d["vc"], out=d["out"], **kw),
+                               [d], iters=20)
+                except Exception as e:
+                    print("skip", shape, cfg, mode, type(e).__name__, str(e)[:100])
+                    continue
+                rows.append(dict(shape=shape, cfg=cfg, mode=mode, us=us, err=err,
+                                 tflops=flops / us / 1e6, sdpa_us=sdpa_us,
+                                 ratio_vs_sdpa=sdpa_us / us))
+                print("EXT", rows[-1], flush=True)
         del d
         torch.cuda.empty_cache()
     with open(f"{OUT}/attention_extend_sweep.json", "w") as f:

@@ -102,6 +102,9 @@ def _make_extend(shape, device, gen):
     d["q"] = torch.randn(n, HQ, D, device=device, generator=gen, dtype=DT)
     d["qo"] = torch.tensor([0, n], dtype=torch.int32, device=device)
     d["kcont"], d["vcont"] = _contiguous(d, 1, L)
+    # the new tokens' own K/V [N, HKV, D] (what a model hands extend next to the cache)
+    d["knew"], d["vnew"] = (c[0, :, P:].transpose(0, 1).contiguous()
+                            for c in (d["kcont"], d["vcont"]))
     return d
 
 
@@ -138,8 +141,12 @@ def _extend_flops(s):
 
 register_bench(Bench(
     "attention.extend", [{"N": 4096, "P": 0}, {"N": 16384, "P": 0}, {"N": 1024, "P": 16384}],
-    _make_extend, ours=lambda d: d["plan"].run(d["q"], d["kc"], d["vc"], out=d["out"]),
+    _make_extend, ours=lambda d: d["plan"].run(d["q"], d["kc"], d["vc"], out=d["out"],
+                                               k=d["knew"], v=d["vnew"]),
     baselines={"torch_sdpa_contiguous": lambda d: _sdpa_extend(d, d["kcont"], d["vcont"]),
-               "naive_paged": _naive_paged_extend},
+               "naive_paged": _naive_paged_extend,
+               # ours reading the new tokens' keys through the page table as well
+               "tskernels_paged_only": lambda d: d["plan"].run(d["q"], d["kc"], d["vc"],
+                                                               out=d["out"])},
     bytes=lambda s: 2 * (s["N"] + s.get("P", 0)) * HKV * D * 2 + 2 * s["N"] * HQ * D * 2,
     flops=_extend_flops, prepare=_prepare_extend, cpu_shapes=[{"N": 64, "P": 32}]))

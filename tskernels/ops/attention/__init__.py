@@ -12,7 +12,7 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import _validate as v
+from . import _validate as _v
 from . import (reference, torch_cpu, triton_decode, triton_extend,  # noqa: F401
                triton_merge, triton_store)  # (register backends)
 
@@ -30,14 +30,14 @@ def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     T, hkv, d = k.shape
     _check.tensor("v", v_, shape=(T, hkv, d), dtypes=(k.dtype,), device=k.device,
                   contiguous_last=True)
-    v.kv_cache(k_cache, v_cache, head_dim=d, device=k.device)
+    _v.kv_cache(k_cache, v_cache, head_dim=d, device=k.device)
     if k_cache.shape[2] != hkv:
         raise ValueError(f"k_cache: {k_cache.shape[2]} KV heads, k has {hkv}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache/v_cache: must be contiguous")
     _check.tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(T,),
                   device=k.device)
-    mode = v.scales(k_cache, k_scale, v_scale)
+    mode = _v.scales(k_cache, k_scale, v_scale)
     kv = fmt(k_cache.dtype) + (f":{mode}" if mode else "")
     kern = select("attention", "store_kv", device=k.device,
                   formats={"k": fmt(k.dtype), "kv": kv}, traits={"head_dim": d},
@@ -59,7 +59,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """
     _check.tensor("q", q, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
     B, hq, d = q.shape
-    prob = v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
+    prob = _v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
                            sliding_window=sliding_window, sinks=sinks, k_scale=k_scale,
                            v_scale=v_scale)
     return select("attention", "decode", backend=backend, **prob)(
@@ -94,8 +94,8 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads
     """
     B = page_table.shape[0]
     _, page_size, hkv, d = k_cache.shape
-    v.gqa(num_q_heads, hkv)
-    v.paged(page_table, seq_lens, B, k_cache.device)
+    _v.gqa(num_q_heads, hkv)
+    _v.paged(page_table, seq_lens, B, k_cache.device)
     kern = _select_planned("decode", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
                            sinks, kv_scale_mode, backend)
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, page_size=page_size,
@@ -111,6 +111,7 @@ def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            causal: bool = True, scale: float | None = None, sliding_window: int | None = None,
            softcap: float | None = None, sinks: torch.Tensor | None = None,
            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+           k: torch.Tensor | None = None, v: torch.Tensor | None = None,
            backend: str | None = None) -> torch.Tensor:
     """New tokens of a ragged batch attending to their paged prefix and themselves.
 
@@ -119,6 +120,10 @@ def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     sit at positions seq_lens[b] - n_b .. seq_lens[b] - 1. causal: each token sees keys up to
     its own position. Other options as in `decode`. Returns o [T, Hq, D] in q's dtype.
     Serves prefill (no prefix) and chunked prefill alike.
+    k, v: optionally the new tokens' own K/V ([T, Hkv, D], each row's heads packed, any row
+    stride; the values just stored, so a 16-bit or fp32 cache only): a backend that can reads
+    the new tokens' keys from them contiguously (Triton: tensor descriptors, TMA on sm_90+) and
+    only the prefix through the page table. The result is the same either way.
     """
     _check.tensor("q", q, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
     T, hq, d = q.shape
@@ -126,13 +131,16 @@ def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     B = qo_indptr.shape[0] - 1
     if B < 0:
         raise ValueError("qo_indptr: needs at least one element (batch + 1)")
-    prob = v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
+    prob = _v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
                            sliding_window=sliding_window, sinks=sinks, k_scale=k_scale,
                            v_scale=v_scale)
+    new_kv = {}
+    if _v.new_kv(k, v, T, k_cache):
+        new_kv = dict(k=k, v=v)
     return select("attention", "extend", backend=backend, **prob)(
         q, k_cache, v_cache, qo_indptr, page_table, seq_lens, causal=causal,
         scale=scale or d ** -0.5, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale)
+        k_scale=k_scale, v_scale=v_scale, **new_kv)
 
 
 def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor, *,
@@ -146,8 +154,8 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
     returns o [T, Hq, D]. Arguments as in `extend` and `decode_plan`."""
     B = qo_indptr.shape[0] - 1
     _, page_size, hkv, d = k_cache.shape
-    v.gqa(num_q_heads, hkv)
-    v.paged(page_table, seq_lens, B, k_cache.device)
+    _v.gqa(num_q_heads, hkv)
+    _v.paged(page_table, seq_lens, B, k_cache.device)
     kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
                            sinks, kv_scale_mode, backend)
     return kern.fn.make_plan(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,

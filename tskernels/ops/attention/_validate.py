@@ -75,3 +75,23 @@ def query_problem(q, k_cache, v_cache, page_table, seq_lens, batch, *, softcap, 
     options(hq, softcap, sliding_window, sinks, q.device)
     mode = scales(k_cache, k_scale, v_scale)
     return problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window, sinks=sinks)
+
+
+def new_kv(k, v, num_rows, k_cache):
+    """The new tokens' own K/V handed to extend next to the cache they were stored in: both or
+    neither, [T, Hkv, D] in the cache's (16-bit or fp32) dtype, each head's row contiguous."""
+    if k is None and v is None:
+        return False
+    if k is None or v is None:
+        raise ValueError("k, v: pass both of the new tokens' K and V, or neither")
+    if k_cache.dtype in _check.FP8:
+        raise ValueError("k, v: only for 16-bit / fp32 caches (an fp8 cache holds quantized "
+                         "values, which the kernel must read)")
+    _, _, hkv, d = k_cache.shape
+    for name, t in (("k", k), ("v", v)):
+        _check.tensor(name, t, shape=(num_rows, hkv, d), dtypes=(k_cache.dtype,),
+                      device=k_cache.device)
+        if (hkv > 1 and t.stride(1) != d) or t.stride(2) != 1:
+            raise ValueError(f"{name}: each row's heads must be packed ([T, Hkv, D] with "
+                             f"strides (any, D, 1)), got strides {tuple(t.stride())}")
+    return True

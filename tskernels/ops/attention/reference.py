@@ -18,7 +18,8 @@ def decode(q, k_cache, v_cache, page_table, seq_lens, **kw):
 
 
 @register("attention", "extend", **REF)
-def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, **kw):
+def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, k=None, v=None, **kw):
+    # k, v (the new tokens' K/V) equal what the cache holds: the reference reads the cache
     return ref.extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, **kw)
 
 
@@ -54,7 +55,8 @@ class _RefExtendPlan:
         self.opts = dict(scale=scale, causal=causal, sliding_window=sliding_window,
                          softcap=softcap)
 
-    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
+    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None,
+            k=None, v=None):  # k, v: the new tokens' K/V, equal to the cache's (read from it)
         o = ref.extend(q, k_cache, v_cache, *self.args, sinks=sinks, k_scale=k_scale,
                        v_scale=v_scale, **self.opts)
         return o if out is None else out.copy_(o)

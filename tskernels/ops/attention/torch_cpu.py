@@ -135,7 +135,8 @@ class ExtendPlan:
             mask = (torch.arange(length)[None, :] <= q_pos[:, None]) if causal else None
             self.parts.append((s, e, pages, mask, length))
 
-    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
+    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None,
+            k=None, v=None):  # k, v: the new tokens' K/V, equal to the cache's (read from it)
         dtype = torch.float32 if q.dtype != torch.float64 else q.dtype
         o = torch.zeros(q.shape, dtype=q.dtype) if out is None else out
         hkv, d = k_cache.shape[2:]

@@ -317,8 +317,9 @@ def _cases():
                "lens_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "sink_ptr": "*fp32",
                "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32", "sm_scale": "fp32",
                "softcap": "fp32", "window": "i32", "num_splits": "i32"}
-        sig.update({k: "i32" for k in ("q_sb", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss",
-                                       "v_sh", "pt_sb", "o_sb", "o_sh")})
+        strides = ("q_sb", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "pt_sb",
+                   "o_sb", "o_sh")  # multiples of 16 at run time (the JIT specialises them)
+        sig.update({k: "i32" for k in strides})
         for split in (False, True):
             c = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SPLIT=split,
                      SCALED=scaled, PER_HEAD=per_head, SOFTCAP=split, WINDOW=split,
@@ -326,7 +327,8 @@ def _cases():
             # uses_dot=False: the [16 x D] tile is below wgmma's M=64, so sm_90/sm_100 lower
             # the dot to mma.sync (not the wgmma/tcgen05 the matrix check looks for).
             out.append(CompileCase(_decode_kernel, sig, c, uses_dot=False, num_stages=3,
-                                   label=f"{kv_t[1:]}{'_split' if split else ''}"))
+                                   label=f"{kv_t[1:]}{'_split' if split else ''}",
+                                   aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
     out.append(CompileCase(_merge_kernel, msig, dict(D=128, BLOCK_D=128, BLOCK_S=16,

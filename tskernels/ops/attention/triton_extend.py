@@ -19,28 +19,36 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from . import _validate as v_
 from .triton_decode import KV_FORMATS, LOG2E, _kv_scales, _tanh
 
 
 @triton.jit
-def _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, j0, m_pos, L, window, softcap,
-                  qk_scale, d, dm, k_sp, k_ss, v_sp, v_ss, PAGE: tl.constexpr,
+def _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc, vdesc, row0, col, j0, m_pos,
+                  Lk, window, softcap, c, d, dm, k_sp, k_ss, v_sp, v_ss, PAGE: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-                  SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                  SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                  CONTIG: tl.constexpr):
+    """One key tile j0 .. j0 + BLOCK_N (absolute positions) of the flash loop. CONTIG: the tile
+    is read from the new tokens' contiguous K/V (tensor descriptors, rows row0 + j0 - ...);
+    otherwise gathered from the pages. Keys at or past Lk are masked (MASK tiles only).
+    c folds the softmax scale and log2(e) (without softcap): logits enter exp2 through one FMA."""
     j = j0 + tl.arange(0, BLOCK_N)
-    jm = j < L
-    page = tl.load(pt_row + j // PAGE, mask=jm, other=0).to(tl.int64)
-    slot = j % PAGE
-    km = jm[:, None] & dm[None, :]
-    k = tl.load(k_base + (page * k_sp + slot * k_ss)[:, None] + d[None, :], mask=km, other=0.0)
+    jm = j < Lk
+    if CONTIG:
+        k = kdesc.load([row0, col])
+    else:
+        page = tl.load(pt_row + j // PAGE, mask=jm, other=0).to(tl.int64)
+        slot = j % PAGE
+        km = jm[:, None] & dm[None, :]
+        k = tl.load(k_base + (page * k_sp + slot * k_ss)[:, None] + d[None, :], mask=km,
+                    other=0.0)
     if IEEE:
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    s = s * qk_scale
-    if SOFTCAP:
-        s = softcap * _tanh(s / softcap)
-    s = s * LOG2E
+    if SOFTCAP:  # c = scale here; the capped logit is then taken to base 2
+        s = softcap * _tanh(s * (c / softcap)) * LOG2E
     if MASK:
         ok = jm[None, :] & (m_pos[:, None] >= 0)
         if CAUSAL:
@@ -48,28 +56,42 @@ def _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, j0, m_pos, L, window
         if WINDOW:
             ok = ok & (j[None, :] > m_pos[:, None] - window)
         s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + (page * v_sp + slot * v_ss)[:, None] + d[None, :], mask=km, other=0.0)
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    if SOFTCAP:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+    if MASK:  # a row with nothing visible yet keeps m = -inf: exp2 against 0 instead
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new_safe = m_new
+    alpha = tl.exp2(m_i - m_new_safe)
+    if SOFTCAP:
+        p = tl.exp2(s - m_new_safe[:, None])
+    else:
+        p = tl.exp2(s * c - m_new_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if CONTIG:
+        v = vdesc.load([row0, col])
+    else:
+        v = tl.load(v_base + (page * v_sp + slot * v_ss)[:, None] + d[None, :], mask=km,
+                    other=0.0)
+    acc = acc * alpha[:, None]
+    if IEEE:
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _extend_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr, ks_ptr, vs_ptr,
-                   sink_ptr, o_ptr, sm_scale, softcap, window, q_st, q_sh, k_sp, k_ss, k_sh,
-                   v_sp, v_ss, v_sh, pt_sb, o_st, o_sh,
-                   G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, SCALED: tl.constexpr, PER_HEAD: tl.constexpr,
-                   SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
-                   IEEE: tl.constexpr):
+def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr,
+                   ks_ptr, vs_ptr, sink_ptr, o_ptr, sm_scale, softcap, window, num_rows,
+                   q_st, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, kn_st, vn_st, pt_sb, o_st,
+                   o_sh, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALED: tl.constexpr,
+                   PER_HEAD: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
+                   SINKS: tl.constexpr, IEEE: tl.constexpr, CONTIG: tl.constexpr = False):
     w = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
@@ -78,15 +100,19 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr, ks_p
     q_start = tl.load(qo_ptr + b)
     n = tl.load(qo_ptr + b + 1) - q_start
     L = tl.load(lens_ptr + b)
+    P = L - n  # cached prefix length; the new tokens sit at positions P .. L - 1
     m = m0 + tl.arange(0, BLOCK_M)
     mm = m < n
-    m_pos = L - n + m  # absolute positions of this block's queries
+    m_pos = P + m  # absolute positions of this block's queries
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     rows = (q_start + m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * q_st + h * q_sh + d[None, :],
                 mask=mm[:, None] & dm[None, :], other=0.0)
     qk_scale, v_scale = _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
+    c = qk_scale
+    if not SOFTCAP:
+        c = qk_scale * LOG2E
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -94,28 +120,70 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr, ks_p
     pt_row = pt_ptr + b * pt_sb
     k_base = k_ptr + kvh * k_sh
     v_base = v_ptr + kvh * v_sh
-    first_pos = L - n + m0
+    first_pos = P + m0
     last_pos = tl.minimum(first_pos + BLOCK_M, L) - 1
-    hi = L
-    if CAUSAL:
-        hi = last_pos + 1
     lo = 0
     if WINDOW:
         lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
-    # Keys below `full` are visible to every query of the block: no mask needed.
-    full = lo
-    if not WINDOW:
-        full = hi // BLOCK_N * BLOCK_N
+    if CONTIG:
+        # prefix keys (< P) from the pages, the new tokens' keys from their contiguous K/V
+        kdesc = tl.make_tensor_descriptor(kn_ptr, shape=[num_rows, HKV * D], strides=[kn_st, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        vdesc = tl.make_tensor_descriptor(vn_ptr, shape=[num_rows, HKV * D], strides=[vn_st, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        col = kvh * D
+        pfull = P // BLOCK_N * BLOCK_N  # prefix tiles every query sees in full
+        if WINDOW:
+            pfull = lo
+        for j0 in range(lo, pfull, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
+                                          vdesc, 0, col, j0, m_pos, P, window, softcap, c, d,
+                                          dm, k_sp, k_ss, v_sp, v_ss, PAGE, BLOCK_N, False,
+                                          CAUSAL, SOFTCAP, WINDOW, IEEE, False)
+        for j0 in range(pfull, P, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
+                                          vdesc, 0, col, j0, m_pos, P, window, softcap, c, d,
+                                          dm, k_sp, k_ss, v_sp, v_ss, PAGE, BLOCK_N, True,
+                                          CAUSAL, SOFTCAP, WINDOW, IEEE, False)
+        # new tokens: tiles t0 .. t0 + BLOCK_N of this request's rows (absolute j = P + t0);
+        # rows past the request belong to the next one or lie outside the tensor (zeros) and
+        # are masked by causality in the diagonal tiles
+        tlo = 0
+        if WINDOW:
+            tlo = tl.maximum(first_pos - window + 1 - P, 0) // BLOCK_N * BLOCK_N
+        tfull = m0 // BLOCK_N * BLOCK_N
+        if WINDOW:
+            tfull = tlo
+        for t0 in range(tlo, tfull, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
+                                          vdesc, q_start + t0, col, P + t0, m_pos, L, window,
+                                          softcap, c, d, dm, k_sp, k_ss, v_sp, v_ss, PAGE,
+                                          BLOCK_N, False, CAUSAL, SOFTCAP, WINDOW, IEEE, True)
+        for t0 in range(tfull, last_pos + 1 - P, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
+                                          vdesc, q_start + t0, col, P + t0, m_pos, L, window,
+                                          softcap, c, d, dm, k_sp, k_ss, v_sp, v_ss, PAGE,
+                                          BLOCK_N, True, CAUSAL, SOFTCAP, WINDOW, IEEE, True)
+    else:
+        hi = L
         if CAUSAL:
-            full = (first_pos + 1) // BLOCK_N * BLOCK_N
-    for j0 in range(lo, full, BLOCK_N):
-        acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, j0, m_pos, L,
-                                      window, softcap, qk_scale, d, dm, k_sp, k_ss, v_sp, v_ss,
-                                      PAGE, BLOCK_N, False, CAUSAL, SOFTCAP, WINDOW, IEEE)
-    for j0 in range(full, hi, BLOCK_N):
-        acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, j0, m_pos, L,
-                                      window, softcap, qk_scale, d, dm, k_sp, k_ss, v_sp, v_ss,
-                                      PAGE, BLOCK_N, True, CAUSAL, SOFTCAP, WINDOW, IEEE)
+            hi = last_pos + 1
+        # Keys below `full` are visible to every query of the block: no mask needed.
+        full = lo
+        if not WINDOW:
+            full = hi // BLOCK_N * BLOCK_N
+            if CAUSAL:
+                full = (first_pos + 1) // BLOCK_N * BLOCK_N
+        for j0 in range(lo, full, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, 0, 0, 0, 0,
+                                          j0, m_pos, L, window, softcap, c, d, dm, k_sp, k_ss,
+                                          v_sp, v_ss, PAGE, BLOCK_N, False, CAUSAL, SOFTCAP,
+                                          WINDOW, IEEE, False)
+        for j0 in range(full, hi, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, 0, 0, 0, 0,
+                                          j0, m_pos, L, window, softcap, c, d, dm, k_sp, k_ss,
+                                          v_sp, v_ss, PAGE, BLOCK_N, True, CAUSAL, SOFTCAP,
+                                          WINDOW, IEEE, False)
     acc = acc * v_scale
     if SINKS:
         sink = tl.load(sink_ptr + h) * LOG2E
@@ -171,49 +239,91 @@ class ExtendPlan:
         self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32,
                                  device=qo_indptr.device).reshape(-1)
 
-    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
+    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None,
+            k=None, v=None):
+        """k, v: optionally the new tokens' own K/V ([T, Hkv, D], the values just stored in
+        the cache): with a causal plan, a power-of-two head size and 16-byte aligned rows the
+        kernel reads the new tokens' keys from them through tensor descriptors (TMA on sm_90+)
+        and only the cached prefix through the page table. Same result either way."""
         o = torch.empty_like(q) if out is None else out
+        contig = v_.new_kv(k, v, q.shape[0], k_cache) and self._can_read_contiguous(k, v)
         if self.num_blocks == 0:
             return o
         scaled = k_scale is not None
         dummy = self.seq_lens
+        if contig:
+            _ensure_allocator()
+        else:
+            k = v = q
         _extend_kernel[(self.num_blocks, self.hq)](
-            q, k_cache, v_cache, self.qo_indptr, self.page_table, self.seq_lens, self.work,
-            k_scale if scaled else dummy, v_scale if scaled else dummy,
+            q, k_cache, v_cache, k, v, self.qo_indptr, self.page_table, self.seq_lens,
+            self.work, k_scale if scaled else dummy, v_scale if scaled else dummy,
             sinks if sinks is not None else dummy, o, self.scale,
-            float(self.softcap or 1.0), int(self.window or 0), q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-            v_cache.stride(1), v_cache.stride(2), self.page_table.stride(0), o.stride(0),
-            o.stride(1), G=self.group, D=self.d, BLOCK_D=self.block_d, PAGE=self.page_size,
+            float(self.softcap or 1.0), int(self.window or 0), q.shape[0], q.stride(0),
+            q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k.stride(0), v.stride(0),
+            self.page_table.stride(0), o.stride(0), o.stride(1), G=self.group,
+            HKV=k_cache.shape[2], D=self.d, BLOCK_D=self.block_d, PAGE=self.page_size,
             BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=self.causal, SCALED=scaled,
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None, IEEE=q.dtype == torch.float32,
-            num_warps=self.num_warps, num_stages=self.num_stages)
+            CONTIG=contig, num_warps=self.num_warps, num_stages=self.num_stages)
         return o
+
+    def _can_read_contiguous(self, k, v) -> bool:
+        size = k.element_size()
+        return (self.causal and self.block_d == self.d
+                and all(t.data_ptr() % 16 == 0 and t.stride(0) * size % 16 == 0
+                        for t in (k, v)))
+
+
+def _ensure_allocator():
+    """Tensor descriptors built inside a kernel need a small global scratch from Triton's
+    allocator hook (a context variable: set per thread, only where none is set)."""
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
+
+
+def _scratch(size: int, alignment: int, stream):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.empty(size, dtype=torch.int8, device=dev)
 
 
 def _cases():
-    out = []
-    for kv_t in ("*bf16", "*fp8e4nv"):
-        sig = {"q_ptr": "*bf16", "k_ptr": kv_t, "v_ptr": kv_t, "qo_ptr": "*i32", "pt_ptr": "*i32",
-               "lens_ptr": "*i32", "work_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-               "sink_ptr": "*fp32", "o_ptr": "*bf16", "sm_scale": "fp32", "softcap": "fp32",
-               "window": "i32"}
+    def signature(q_t, kv_t):
+        sig = {"q_ptr": q_t, "k_ptr": kv_t, "v_ptr": kv_t, "kn_ptr": q_t, "vn_ptr": q_t,
+               "qo_ptr": "*i32", "pt_ptr": "*i32", "lens_ptr": "*i32", "work_ptr": "*i32",
+               "ks_ptr": "*fp32", "vs_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": q_t,
+               "sm_scale": "fp32", "softcap": "fp32", "window": "i32", "num_rows": "i32"}
         sig.update({k: "i32" for k in ("q_st", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss",
-                                       "v_sh", "pt_sb", "o_st", "o_sh")})
+                                       "v_sh", "kn_st", "vn_st", "pt_sb", "o_st", "o_sh")})
+        return sig
+
+    base = dict(G=4, HKV=8, D=128, BLOCK_D=128, PAGE=16, CAUSAL=True, PER_HEAD=False)
+    strides = ("q_st", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "kn_st", "vn_st",
+               "pt_sb", "o_st", "o_sh")
+    out = []
+    bm, bn, nw, ns = _launch_config(128, torch.bfloat16, True)
+    for kv_t in ("*bf16", "*fp8e4nv"):
         fp8 = kv_t != "*bf16"
-        c = dict(G=4, D=128, BLOCK_D=128, PAGE=16, BLOCK_M=128, BLOCK_N=64, CAUSAL=True,
-                 SCALED=fp8, PER_HEAD=False, SOFTCAP=fp8, WINDOW=fp8, SINKS=fp8, IEEE=False)
-        out.append(CompileCase(_extend_kernel, sig, c, num_warps=8, num_stages=3, uses_dot=True,
-                               label=kv_t[1:]))
+        c = dict(base, BLOCK_M=bm, BLOCK_N=bn, SCALED=fp8, SOFTCAP=fp8, WINDOW=fp8, SINKS=fp8,
+                 IEEE=False)
+        out.append(CompileCase(_extend_kernel, signature("*bf16", kv_t), c, num_warps=nw,
+                               num_stages=ns, uses_dot=True, label=kv_t[1:], aligned=strides))
+    # 16-bit cache with the new tokens' K/V read contiguously (tensor descriptors: TMA on sm_90+)
+    c = dict(base, BLOCK_M=bm, BLOCK_N=bn, SCALED=False, SOFTCAP=False, WINDOW=False,
+             SINKS=False, IEEE=False, CONTIG=True)
+    out.append(CompileCase(_extend_kernel, signature("*bf16", "*bf16"), c, num_warps=nw,
+                           num_stages=ns, uses_dot=True, label="bf16_contig", aligned=strides))
     # the fp32 accuracy path with its GPU tiles (d=128): IEEE dots run on the FMA units, so no
     # matrix instruction is expected; the matrix records its registers and spills
-    sig = {**sig, "q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "o_ptr": "*fp32"}
     bm, bn, nw, ns = _launch_config(128, torch.float32, True)
-    c = dict(G=4, D=128, BLOCK_D=128, PAGE=16, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, SCALED=False,
-             PER_HEAD=False, SOFTCAP=True, WINDOW=False, SINKS=True, IEEE=True)
-    out.append(CompileCase(_extend_kernel, sig, c, num_warps=nw, num_stages=ns, uses_dot=False,
-                           label="fp32_ieee"))
+    c = dict(base, BLOCK_M=bm, BLOCK_N=bn, SCALED=False, SOFTCAP=True, WINDOW=False, SINKS=True,
+             IEEE=True)
+    out.append(CompileCase(_extend_kernel, signature("*fp32", "*fp32"), c, num_warps=nw,
+                           num_stages=ns, uses_dot=False, label="fp32_ieee", aligned=strides))
     return out
 
 
@@ -223,14 +333,16 @@ def _cases():
                   "gqa": lambda g: 1 <= g <= 64},
           tags=("deterministic", "throughput"), compile_cases=_cases)
 def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
-           sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None):
+           sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
+           v=None):
     """Triton paged causal extend / prefill (plans per call; use extend_plan to reuse)."""
     plan = make_plan(qo_indptr, page_table, seq_lens, num_q_heads=q.shape[1],
                      num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
                      page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
                      scale=scale, causal=causal, sliding_window=sliding_window,
                      softcap=softcap)
-    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, k=k,
+                    v=v)
 
 
 def make_plan(qo_indptr, page_table, seq_lens, **kw) -> ExtendPlan:

@@ -179,13 +179,13 @@ def _cases():
         sig = {"q_ptr": "*bf16", "kv_ptr": kv_t, "qo_ptr": "*i32", "pt_ptr": "*i32",
                "lens_ptr": "*i32", "kvs_ptr": "*fp32", "o_ptr": "*bf16", "po_ptr": "*fp32",
                "plse_ptr": "*fp32", "sm_scale": "fp32", "num_splits": "i32", "H": "i32"}
-        sig.update({k: "i32" for k in ("q_st", "q_sh", "kv_sp", "kv_ss", "pt_sb", "o_st",
-                                       "o_sh")})
+        strides = ("q_st", "q_sh", "kv_sp", "kv_ss", "pt_sb", "o_st", "o_sh")
+        sig.update({k: "i32" for k in strides})  # multiples of 16 at run time (JIT-specialised)
         fp8 = kv_t != "*bf16"
         c = dict(DC=512, DR=64, PAGE=64, BLOCK_R=64, BLOCK_N=32, SPLIT=fp8, SCALED=fp8,
                  CAUSAL=fp8, IEEE=False)
         out.append(CompileCase(_mla_kernel, sig, c, num_warps=8, num_stages=2, uses_dot=True,
-                               label=kv_t[1:]))
+                               label=kv_t[1:], aligned=strides))
     return out
 
 
