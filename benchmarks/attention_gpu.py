@@ -89,13 +89,14 @@ def sweep_extend():
         print(f"EXT {shape} sdpa {sdpa_us:.1f} us {flops / sdpa_us / 1e6:.0f} TFLOP/s",
               flush=True)
         for cfg in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
-                    (64, 64, 4, 3), (128, 32, 8, 4)):
+                    (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2)):
             p = d["plan"]
             p.__init__(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
                        head_dim=128, page_size=16, q_dtype=torch.bfloat16,
                        kv_dtype=torch.bfloat16, scale=128 ** -0.5, config=cfg)
-            for mode in ("contig", "paged"):
-                kw = dict(k=d["knew"], v=d["vnew"]) if mode == "contig" else {}
+            for mode in ("contig", "contig+pipe", "paged"):
+                kw = dict(k=d["knew"], v=d["vnew"]) if mode != "paged" else {}
+                p.pipelined = mode == "contig+pipe"
                 try:
                     o = p.run(d["q"], d["kc"], d["vc"], **kw).float()
                     err = ((o - ref).norm() / ref.norm()).item()
@@ -107,7 +108,10 @@ def sweep_extend():
                 rows.append(dict(shape=shape, cfg=cfg, mode=mode, us=us, err=err,
                                  tflops=flops / us / 1e6, sdpa_us=sdpa_us,
                                  ratio_vs_sdpa=sdpa_us / us))
-                print("EXT", rows[-1], flush=True)
+                r = rows[-1]
+                print(f"EXT N={shape['N']} P={shape['P']} {cfg} {mode:12s} {us:8.1f} us "
+                      f"{r['tflops']:5.0f} TFLOP/s x{r['ratio_vs_sdpa']:.2f} err {err:.1e}",
+                      flush=True)
         del d
         torch.cuda.empty_cache()
     with open(f"{OUT}/attention_extend_sweep.json", "w") as f:

@@ -84,6 +84,34 @@ def _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc, vdesc, row0, 
 
 
 @triton.jit
+def _self_tiles_pipelined(acc, m_i, l_i, q, kdesc, vdesc, row0, col, tlo, thi, c,
+                          BLOCK_N: tl.constexpr):
+    """The unmasked new-token tiles tlo .. thi (at least one), software-pipelined: the next
+    tile's logits dot is issued before this tile's softmax, so the tensor cores work while the
+    exponentials run (no softcap / window / IEEE here)."""
+    k = kdesc.load([row0 + tlo, col])
+    s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    for t0 in range(tlo, thi - BLOCK_N, BLOCK_N):
+        k_next = kdesc.load([row0 + t0 + BLOCK_N, col])
+        s_next = tl.dot(q, tl.trans(k_next.to(q.dtype)))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s * c - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = vdesc.load([row0 + t0, col])
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+        m_i = m_new
+        s = s_next
+    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * c - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = vdesc.load([row0 + thi - BLOCK_N, col])
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr,
                    ks_ptr, vs_ptr, sink_ptr, o_ptr, sm_scale, softcap, window, num_rows,
                    q_st, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, kn_st, vn_st, pt_sb, o_st,
@@ -91,7 +119,8 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALED: tl.constexpr,
                    PER_HEAD: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-                   SINKS: tl.constexpr, IEEE: tl.constexpr, CONTIG: tl.constexpr = False):
+                   SINKS: tl.constexpr, IEEE: tl.constexpr, CONTIG: tl.constexpr = False,
+                   PIPE: tl.constexpr = False):
     w = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
@@ -154,11 +183,17 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
         tfull = m0 // BLOCK_N * BLOCK_N
         if WINDOW:
             tfull = tlo
-        for t0 in range(tlo, tfull, BLOCK_N):
-            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
-                                          vdesc, q_start + t0, col, P + t0, m_pos, L, window,
-                                          softcap, c, d, dm, k_sp, k_ss, v_sp, v_ss, PAGE,
-                                          BLOCK_N, False, CAUSAL, SOFTCAP, WINDOW, IEEE, True)
+        if PIPE and not (SOFTCAP or WINDOW or IEEE):
+            if tfull > tlo:
+                acc, m_i, l_i = _self_tiles_pipelined(acc, m_i, l_i, q, kdesc, vdesc, q_start,
+                                                      col, tlo, tfull, c, BLOCK_N)
+        else:
+            for t0 in range(tlo, tfull, BLOCK_N):
+                acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
+                                              vdesc, q_start + t0, col, P + t0, m_pos, L,
+                                              window, softcap, c, d, dm, k_sp, k_ss, v_sp,
+                                              v_ss, PAGE, BLOCK_N, False, CAUSAL, SOFTCAP,
+                                              WINDOW, IEEE, True)
         for t0 in range(tfull, last_pos + 1 - P, BLOCK_N):
             acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
                                           vdesc, q_start + t0, col, P + t0, m_pos, L, window,
@@ -230,6 +265,7 @@ class ExtendPlan:
         self.block_m, self.block_n, self.num_warps, self.num_stages = config or \
             _launch_config(head_dim, q_dtype, qo_indptr.device.type == "cuda")
         self.block_d = max(16, triton.next_power_of_2(head_dim))
+        self.pipelined = False  # software-pipelined new-token tiles (contiguous K/V only)
         counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
         work = [(b, i) for b, c in enumerate(counts) for i in range(triton.cdiv(c, self.block_m))]
         # Longest work first (later query blocks of long requests see the most keys).
@@ -267,7 +303,8 @@ class ExtendPlan:
             BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=self.causal, SCALED=scaled,
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None, IEEE=q.dtype == torch.float32,
-            CONTIG=contig, num_warps=self.num_warps, num_stages=self.num_stages)
+            CONTIG=contig, PIPE=contig and self.pipelined, num_warps=self.num_warps,
+            num_stages=self.num_stages)
         return o
 
     def _can_read_contiguous(self, k, v) -> bool:
