@@ -231,8 +231,10 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
              o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & dm[None, :])
 
 
-def _launch_config(head_dim: int, q_dtype: torch.dtype, on_gpu: bool):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+def _launch_config(head_dim: int, q_dtype: torch.dtype, on_gpu: bool, *,
+                   short_rows: bool = False):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). short_rows: a 16-bit cache whose query
+    blocks see few keys on average (see ExtendPlan): smaller blocks, twice the programs."""
     if not on_gpu:
         return 16, 16, 4, 1
     if q_dtype == torch.float32:
@@ -244,9 +246,27 @@ def _launch_config(head_dim: int, q_dtype: torch.dtype, on_gpu: bool):
             else (16, 16, 8, 1)
     if head_dim <= 64:
         return 128, 64, 4, 3
-    if head_dim <= 128:  # H200 sweep, L=16k causal: 396 TFLOP/s vs 332 at BLOCK_N=64
-        return 128, 128, 8, 3
+    if head_dim <= 128:
+        # H200 sweeps (benchmarks/results/h200/attention_extend_sweep*.json): 128 x 128 tiles,
+        # 8 warps, 3 stages lead at 16k-token prefill and over a 16k prefix; at 4k-token
+        # prefill (2k keys per query block on average) 64 x 64 tiles with 4 warps do better
+        # (404 vs 364 TFLOP/s with the new tokens' K/V read contiguously)
+        return (64, 64, 4, 3) if short_rows else (128, 128, 8, 3)
     return 64, 32, 4, 2
+
+
+SHORT_ROWS_KEYS = 4096
+
+
+def _mean_keys(counts, lens, block_m) -> float:
+    """Mean number of keys a causal query block of block_m rows sees (its last row's)."""
+    total = blocks = 0
+    for n, L in zip(counts, lens):
+        nb = -(-n // block_m)
+        # block i's last query sits at position L - n + min((i + 1) * block_m, n) - 1
+        total += sum(L - n + min((i + 1) * block_m, n) for i in range(nb))
+        blocks += nb
+    return total / blocks if blocks else 0.0
 
 
 class ExtendPlan:
@@ -262,14 +282,16 @@ class ExtendPlan:
         self.hq, self.group, self.d, self.page_size = num_q_heads, \
             num_q_heads // num_kv_heads, head_dim, page_size
         self.scale, self.causal, self.window, self.softcap = scale, causal, sliding_window, softcap
+        counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
+        lens = seq_lens.tolist()
         self.block_m, self.block_n, self.num_warps, self.num_stages = config or \
-            _launch_config(head_dim, q_dtype, qo_indptr.device.type == "cuda")
+            _launch_config(head_dim, q_dtype, qo_indptr.device.type == "cuda",
+                           short_rows=kv_dtype.itemsize >= 2 and causal
+                           and _mean_keys(counts, lens, 128) < SHORT_ROWS_KEYS)
         self.block_d = max(16, triton.next_power_of_2(head_dim))
         self.pipelined = False  # software-pipelined new-token tiles (contiguous K/V only)
-        counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
         work = [(b, i) for b, c in enumerate(counts) for i in range(triton.cdiv(c, self.block_m))]
         # Longest work first (later query blocks of long requests see the most keys).
-        lens = seq_lens.tolist()
         work.sort(key=lambda bi: -(lens[bi[0]] - counts[bi[0]] + (bi[1] + 1) * self.block_m))
         self.num_blocks = len(work)
         self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32,
@@ -354,6 +376,11 @@ def _cases():
              SINKS=False, IEEE=False, CONTIG=True)
     out.append(CompileCase(_extend_kernel, signature("*bf16", "*bf16"), c, num_warps=nw,
                            num_stages=ns, uses_dot=True, label="bf16_contig", aligned=strides))
+    bm, bn, nw, ns = _launch_config(128, torch.bfloat16, True, short_rows=True)
+    c = dict(c, BLOCK_M=bm, BLOCK_N=bn)
+    out.append(CompileCase(_extend_kernel, signature("*bf16", "*bf16"), c, num_warps=nw,
+                           num_stages=ns, uses_dot=True, label="bf16_contig_short",
+                           aligned=strides))
     # the fp32 accuracy path with its GPU tiles (d=128): IEEE dots run on the FMA units, so no
     # matrix instruction is expected; the matrix records its registers and spills
     bm, bn, nw, ns = _launch_config(128, torch.float32, True)
