@@ -24,11 +24,15 @@ def _time(fn, sets, iters=50, graph=False):
 
 
 def sweep_decode():
-    """Time the decode kernel under several (num_splits, BLOCK_N, warps, stages) choices."""
+    """Time the decode kernel under several (num_splits, BLOCK_N, warps, stages) choices.
+    SWEEP_SHAPES="1x4096,16x4096" limits the (B, L) shapes; SWEEP_OUT names the JSON."""
     from tskernels.bench.cases.attention import _decode_bytes, _make_decode
     import tskernels.ops.attention as attn
     rows = []
     shapes = [(1, 4096), (16, 4096), (64, 4096), (16, 32768), (128, 8192)]
+    if os.environ.get("SWEEP_SHAPES"):
+        shapes = [tuple(int(x) for x in s.split("x"))
+                  for s in os.environ["SWEEP_SHAPES"].split(",")]
     for fp8, (B, L) in itertools.product((0, 1), shapes):
         shape = {"B": B, "L": L, "fp8": fp8}
         gen = torch.Generator("cuda").manual_seed(0)
@@ -40,9 +44,12 @@ def sweep_decode():
         auto = attn.decode_plan(sets[0]["pt"], sets[0]["lens"], num_q_heads=32,
                                 k_cache=sets[0]["kc"], q_dtype=torch.bfloat16,
                                 kv_scale_mode="per_tensor" if fp8 else None)
-        splits = sorted({auto.num_splits, max(1, auto.num_splits // 2), auto.num_splits * 2})
+        splits = sorted({auto.num_splits, max(1, auto.num_splits // 2), auto.num_splits * 2,
+                         *((16, 32, 64) if B == 1 else (2, 4, 6, 8) if B <= 16 else ())})
         best = None
-        for ns, bn, nw, st in itertools.product(splits, (32, 64, 128), (4, 8), (2, 3, 4)):
+        warps = tuple(int(w) for w in os.environ.get("SWEEP_WARPS", "4,8").split(","))
+        stages = tuple(int(w) for w in os.environ.get("SWEEP_STAGES", "2,3,4").split(","))
+        for ns, bn, nw, st in itertools.product(splits, (32, 64, 128), warps, stages):
             if bn == 128 and not fp8 and st == 4:
                 continue
             plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
@@ -69,7 +76,7 @@ def sweep_decode():
         print(f"BEST {shape} auto_splits={auto.num_splits}: {best}", flush=True)
         del sets
         torch.cuda.empty_cache()
-    with open(f"{OUT}/attention_decode_sweep.json", "w") as f:
+    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_sweep.json')}", "w") as f:
         json.dump(rows, f, indent=1)
 
 

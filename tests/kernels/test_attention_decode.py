@@ -92,6 +92,26 @@ def test_plan_reused_after_in_place_update(kernel_device):
     assert_close(plan.run(q, kv.k_cache, kv.v_cache), truth, baseline=same)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_split_merge_runs_again(kernel_device, fused):
+    """Split-KV merged by the last split program (fused, a semaphore per request and KV head,
+    re-armed by that program) or by a separate merge launch: three runs of one plan with new
+    queries and sinks each match the reference (a stale count would skip or repeat a merge)."""
+    gen = torch.Generator().manual_seed(8)
+    kv = make_paged([45, 0, 130, 9], 8, 2, 32, torch.float16, None, kernel_device, gen)
+    plan = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=8, k_cache=kv.k_cache,
+                            q_dtype=torch.float16, num_splits=5, sinks=True, backend="triton")
+    plan.fused_merge = fused
+    for _ in range(3):
+        q = torch.randn(4, 8, 32, generator=gen).to(kernel_device, torch.float16)
+        sinks = torch.randn(8, generator=gen).to(kernel_device)
+        o = plan.run(q, kv.k_cache, kv.v_cache, sinks=sinks, out=poisoned_like(q))
+        truth, same = ref_decode(q, kv, sinks=sinks)
+        assert_close(o, truth, baseline=same)
+    if fused:
+        assert int(plan.semaphore.abs().sum()) == 0  # every count re-armed
+
+
 def test_plan_validation():
     kc = torch.zeros(2, 4, 2, 16)
     pt, sl = torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)

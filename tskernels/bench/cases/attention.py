@@ -51,16 +51,19 @@ def _make_decode(shape, device, gen):
 def _prepare_decode(d):
     d = dict(d)
     fp8 = d["kc"].dtype == FP8
-    d["plan"] = attn.decode_plan(d["pt"], d["lens"], num_q_heads=HQ, k_cache=d["kc"],
-                                 q_dtype=DT, kv_scale_mode="per_tensor" if fp8 else None,
-                                 max_seq_len=d["pt"].shape[1] * PAGE)
+    for name in ("plan", "plan_separate_merge"):
+        d[name] = attn.decode_plan(d["pt"], d["lens"], num_q_heads=HQ, k_cache=d["kc"],
+                                   q_dtype=DT, kv_scale_mode="per_tensor" if fp8 else None,
+                                   max_seq_len=d["pt"].shape[1] * PAGE)
+    if hasattr(d["plan_separate_merge"], "fused_merge"):
+        d["plan_separate_merge"].fused_merge = False
     d["out"] = torch.empty_like(d["q"])
     return d
 
 
-def _ours_decode(d):
-    return d["plan"].run(d["q"], d["kc"], d["vc"], k_scale=d.get("ks"), v_scale=d.get("vs"),
-                         out=d["out"])
+def _ours_decode(d, plan="plan"):
+    return d[plan].run(d["q"], d["kc"], d["vc"], k_scale=d.get("ks"), v_scale=d.get("vs"),
+                       out=d["out"])
 
 
 def _sdpa_contiguous_decode(d):
@@ -89,7 +92,9 @@ DECODE_SHAPES = [{"B": b, "L": l, "fp8": f} for f in (0, 1)
 register_bench(Bench(
     "attention.decode", DECODE_SHAPES, _make_decode, ours=_ours_decode,
     baselines={"torch_sdpa_contiguous": _sdpa_contiguous_decode,
-               "naive_paged": _naive_paged_decode},
+               "naive_paged": _naive_paged_decode,
+               # ours with split-KV partials merged by a second launch (the previous design)
+               "tskernels_separate_merge": lambda d: _ours_decode(d, "plan_separate_merge")},
     bytes=_decode_bytes, flops=lambda s: 4 * s["B"] * HQ * s["L"] * D,
     prepare=_prepare_decode, cpu_shapes=[{"B": 2, "L": 256, "fp8": 0}]))
 

@@ -74,13 +74,14 @@ def _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED: tl.constexpr, PER_HEAD: tl
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_ptr,
-                   o_ptr, po_ptr, plse_ptr, sm_scale, softcap, window, num_splits,
+                   o_ptr, po_ptr, plse_ptr, sem_ptr, sm_scale, softcap, window, num_splits,
                    q_sb, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, pt_sb, o_sb, o_sh,
                    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, SCALED: tl.constexpr, PER_HEAD: tl.constexpr,
                    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
-                   IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False):
+                   IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False,
+                   FUSED_MERGE: tl.constexpr = False):
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -152,6 +153,18 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         row = (b * (G * tl.num_programs(1)) + qh) * num_splits + split
         tl.store(po_ptr + row[:, None] * BLOCK_D + d[None, :], o, mask=gm[:, None])
         tl.store(plse_ptr + row, lse, mask=gm)
+        if FUSED_MERGE:
+            # The last split of (request, KV head) to finish merges all of them: every thread's
+            # partial stores complete (barrier) before one release-add counts this program in;
+            # the acquiring last program reads the others' partials past L1 (.cg).
+            tl.debug_barrier()
+            sem = sem_ptr + b * tl.num_programs(1) + kvh
+            done = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
+            if done == num_splits - 1:
+                tl.store(sem, 0)  # re-armed for the next launch (stream-ordered)
+                _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, qh, gm, d, dm,
+                             num_splits, (b * (G * tl.num_programs(1)) + qh) * num_splits,
+                             o_sb, o_sh, BLOCK_D, SINKS)
     else:
         if SINKS:
             sink = tl.load(sink_ptr + qh, mask=gm, other=0.0) * LOG2E
@@ -162,6 +175,34 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + b * o_sb + qh[:, None] * o_sh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=gm[:, None] & dm[None, :])
+
+
+@triton.jit
+def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, qh, gm, d, dm, num_splits, row0,
+                 o_sb, o_sh, BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
+    """Merge the num_splits partials of the query heads qh (rows row0 + s) into o."""
+    m = tl.full(qh.shape, float("-inf"), tl.float32)
+    for sp in range(0, num_splits):
+        m = tl.maximum(m, tl.load(plse_ptr + row0 + sp, mask=gm, other=float("-inf"),
+                                  cache_modifier=".cg"))
+    if SINKS:
+        sink = tl.load(sink_ptr + qh, mask=gm, other=float("-inf"))
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros(qh.shape, tl.float32)
+    acc = tl.zeros([qh.shape[0], BLOCK_D], tl.float32)
+    for sp in range(0, num_splits):
+        w = tl.exp(tl.load(plse_ptr + row0 + sp, mask=gm, other=float("-inf"),
+                           cache_modifier=".cg") - m)
+        po = tl.load(po_ptr + (row0 + sp)[:, None] * BLOCK_D + d[None, :], mask=gm[:, None],
+                     other=0.0, cache_modifier=".cg")
+        den += w
+        acc += po * w[:, None]
+    if SINKS:
+        den += tl.exp(sink - m)
+    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(o_ptr + b * o_sb + qh[:, None] * o_sh + d[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=gm[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -264,11 +305,16 @@ class DecodePlan:
         self.num_splits = num_splits or choose_splits(self.batch, num_kv_heads, max_seq_len,
                                                       sms, self.block_n)
         n = self.batch * num_q_heads * self.num_splits
+        # split-KV partials merged by the last split program of each (request, KV head)
+        # (counted on a per-plan semaphore) instead of a second launch
+        self.fused_merge = True
         if self.num_splits > 1:
             self.partial_o = torch.empty(n, self.block_d, dtype=torch.float32, device=dev)
             self.partial_lse = torch.empty(n, dtype=torch.float32, device=dev)
+            self.semaphore = torch.zeros(self.batch * num_kv_heads, dtype=torch.int32,
+                                         device=dev)
         else:
-            self.partial_o = self.partial_lse = None
+            self.partial_o = self.partial_lse = self.semaphore = None
 
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
         """q [B, Hq, D] -> o [B, Hq, D] (into `out` when given). No sync, no allocation with
@@ -285,7 +331,8 @@ class DecodePlan:
         _decode_kernel[(self.num_splits, self.hkv, B)](
             q, k_cache, v_cache, self.page_table, self.seq_lens,
             k_scale if scaled else dummy, v_scale if scaled else dummy,
-            sinks if sinks is not None else dummy, o, po, plse, self.scale,
+            sinks if sinks is not None else dummy, o, po, plse,
+            self.semaphore if split else dummy, self.scale,
             float(self.softcap or 1.0), int(self.window or 0), self.num_splits,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), self.page_table.stride(0),
@@ -295,9 +342,9 @@ class DecodePlan:
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None,
             IEEE=q.dtype == torch.float32, FP8_ASM=self.fp8_asm and q.dtype != torch.float32,
-            num_warps=self.num_warps,
+            FUSED_MERGE=split and self.fused_merge, num_warps=self.num_warps,
             num_stages=self.num_stages)
-        if split:
+        if split and not self.fused_merge:
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
@@ -315,7 +362,8 @@ def _cases():
     for kv_t, scaled, per_head in (("*bf16", False, False), ("*fp8e4nv", True, True)):
         sig = {"q_ptr": "*bf16", "k_ptr": kv_t, "v_ptr": kv_t, "pt_ptr": "*i32",
                "lens_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "sink_ptr": "*fp32",
-               "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32", "sm_scale": "fp32",
+               "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32", "sem_ptr": "*i32",
+               "sm_scale": "fp32",
                "softcap": "fp32", "window": "i32", "num_splits": "i32"}
         strides = ("q_sb", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "pt_sb",
                    "o_sb", "o_sh")  # multiples of 16 at run time (the JIT specialises them)
@@ -323,7 +371,7 @@ def _cases():
         for split in (False, True):
             c = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SPLIT=split,
                      SCALED=scaled, PER_HEAD=per_head, SOFTCAP=split, WINDOW=split,
-                     SINKS=not split, IEEE=False)
+                     SINKS=not split, IEEE=False, FUSED_MERGE=split)
             # uses_dot=False: the [16 x D] tile is below wgmma's M=64, so sm_90/sm_100 lower
             # the dot to mma.sync (not the wgmma/tcgen05 the matrix check looks for).
             out.append(CompileCase(_decode_kernel, sig, c, uses_dot=False, num_stages=3,
