@@ -35,7 +35,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 KV_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3:per_tensor", "fp8_e4m3:per_head")
 MAX_SPLITS = 64
-FUSED_MERGE_MAX_SPLITS = 8
+FUSED_MERGE_MAX_SPLITS = 4
 
 
 @triton.jit
@@ -308,9 +308,11 @@ class DecodePlan:
         n = self.batch * num_q_heads * self.num_splits
         # split-KV partials merged by the last split program of each (request, KV head)
         # (counted on a per-plan semaphore) instead of a second launch, when the splits are
-        # few: with many (B=1) the one merging program is a serial tail that costs more than
-        # the launch it saves (H200, graph replay, B=1 L=4k at 16 splits: 19.2 vs 16.8 µs;
-        # B=16 at 4 splits: even in graphs, 70.8 vs 87.4 µs eager)
+        # few. H200 (benchmarks/results/h200/attention_decode*_session3.json): at 4 splits
+        # (B=16) even under graph replay and one launch fewer eagerly (70.8 vs 87.4 µs); with
+        # more, the one merging program is a serial tail that costs more than the launch it
+        # saves (B=1 L=4k, 16 splits, graph: 19.2 vs 16.8 µs; the serving B=1 step at 8
+        # splits: 0.246 vs 0.180 ms of decode + merge per step)
         self.fused_merge = self.num_splits <= FUSED_MERGE_MAX_SPLITS
         if self.num_splits > 1:
             self.partial_o = torch.empty(n, self.block_d, dtype=torch.float32, device=dev)
