@@ -182,7 +182,8 @@ def _cases():
         strides = ("q_st", "q_sh", "kv_sp", "kv_ss", "pt_sb", "o_st", "o_sh")
         sig.update({k: "i32" for k in strides})  # multiples of 16 at run time (JIT-specialised)
         fp8 = kv_t != "*bf16"
-        c = dict(DC=512, DR=64, PAGE=64, BLOCK_R=64, BLOCK_N=32, SPLIT=fp8, SCALED=fp8,
+        # the GPU launch config of MLAPlan (BLOCK_R 64, BLOCK_N 64, 8 warps, 2 stages)
+        c = dict(DC=512, DR=64, PAGE=64, BLOCK_R=64, BLOCK_N=64, SPLIT=fp8, SCALED=fp8,
                  CAUSAL=fp8, IEEE=False)
         out.append(CompileCase(_mla_kernel, sig, c, num_warps=8, num_stages=2, uses_dot=True,
                                label=kv_t[1:], aligned=strides))
