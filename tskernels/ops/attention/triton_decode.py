@@ -82,9 +82,17 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
                    SPLIT: tl.constexpr, SCALED: tl.constexpr, PER_HEAD: tl.constexpr,
                    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
                    IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False,
-                   FUSED_MERGE: tl.constexpr = False):
-    split = tl.program_id(0)
-    kvh = tl.program_id(1)
+                   FUSED_MERGE: tl.constexpr = False, HEADS_INNER: tl.constexpr = False):
+    # HEADS_INNER: the KV heads of one (request, split) are neighbouring programs, so they
+    # stream the same pages (each token row holds every head) at the same time
+    if HEADS_INNER:
+        kvh = tl.program_id(0)
+        split = tl.program_id(1)
+        num_kv_heads = tl.num_programs(0)
+    else:
+        split = tl.program_id(0)
+        kvh = tl.program_id(1)
+        num_kv_heads = tl.num_programs(1)
     b = tl.program_id(2).to(tl.int64)
     L = tl.load(lens_ptr + b)
     lo = 0
@@ -151,7 +159,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         has = l_i > 0
         o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-        row = (b * (G * tl.num_programs(1)) + qh) * num_splits + split
+        row = (b * (G * num_kv_heads) + qh) * num_splits + split
         tl.store(po_ptr + row[:, None] * BLOCK_D + d[None, :], o, mask=gm[:, None])
         tl.store(plse_ptr + row, lse, mask=gm)
         if FUSED_MERGE:
@@ -159,12 +167,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             # partial stores complete (barrier) before one release-add counts this program in;
             # the acquiring last program reads the others' partials past L1 (.cg).
             tl.debug_barrier()
-            sem = sem_ptr + b * tl.num_programs(1) + kvh
+            sem = sem_ptr + b * num_kv_heads + kvh
             done = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
             if done == num_splits - 1:
                 tl.store(sem, 0)  # re-armed for the next launch (stream-ordered)
                 _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, qh, gm, d, dm,
-                             num_splits, (b * (G * tl.num_programs(1)) + qh) * num_splits,
+                             num_splits, (b * (G * num_kv_heads) + qh) * num_splits,
                              o_sb, o_sh, BLOCK_D, SINKS)
     else:
         if SINKS:
@@ -314,6 +322,7 @@ class DecodePlan:
         # saves (B=1 L=4k, 16 splits, graph: 19.2 vs 16.8 µs; the serving B=1 step at 8
         # splits: 0.246 vs 0.180 ms of decode + merge per step)
         self.fused_merge = self.num_splits <= FUSED_MERGE_MAX_SPLITS
+        self.heads_inner = False
         if self.num_splits > 1:
             self.partial_o = torch.empty(n, self.block_d, dtype=torch.float32, device=dev)
             self.partial_lse = torch.empty(n, dtype=torch.float32, device=dev)
@@ -334,7 +343,9 @@ class DecodePlan:
         dummy = self.seq_lens
         po = self.partial_o if split else o
         plse = self.partial_lse if split else dummy
-        _decode_kernel[(self.num_splits, self.hkv, B)](
+        grid = (self.hkv, self.num_splits, B) if self.heads_inner else \
+            (self.num_splits, self.hkv, B)
+        _decode_kernel[grid](
             q, k_cache, v_cache, self.page_table, self.seq_lens,
             k_scale if scaled else dummy, v_scale if scaled else dummy,
             sinks if sinks is not None else dummy, o, po, plse,
@@ -348,7 +359,8 @@ class DecodePlan:
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None,
             IEEE=q.dtype == torch.float32, FP8_ASM=self.fp8_asm and q.dtype != torch.float32,
-            FUSED_MERGE=split and self.fused_merge, num_warps=self.num_warps,
+            FUSED_MERGE=split and self.fused_merge, HEADS_INNER=self.heads_inner,
+            num_warps=self.num_warps,
             num_stages=self.num_stages)
         if split and not self.fused_merge:
             _merge_kernel[(self.hq, B)](
