@@ -1,0 +1,46 @@
+"""One attention problem per process, for Nsight Compute: builds the inputs, runs our kernel
+twice (the first launch compiles and warms up; profile the second with --launch-skip).
+
+    ncu --clock-control none --kernel-name regex:'_decode_kernel|_extend_kernel|_mla_kernel' \\
+        --launch-skip 1 --launch-count 1 --section SpeedOfLight ... \\
+        python benchmarks/ncu_probe.py decode_fp8      # decode_bf16 | extend | mla
+
+Problems: decode B=128 L=8192 (bf16 or fp8 per-tensor KV; GQA 32/8, d128, page 16), extend
+16384 new tokens causal with their own K/V (tensor descriptors), MLA decode B=64 L=4096.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+os.environ.setdefault("TSKERNELS_BACKEND", "attention=triton,mla=triton")
+
+
+def main(which: str) -> None:
+    from tskernels.bench.cases import attention as A
+    gen = torch.Generator("cuda").manual_seed(0)
+    if which.startswith("decode"):
+        shape = {"B": 128, "L": 8192, "fp8": int(which.endswith("fp8"))}
+        d = A._prepare_decode(A._make_decode(shape, "cuda", gen))
+        del d["kcont"], d["vcont"]
+        run = lambda: A._ours_decode(d)  # noqa: E731
+    elif which == "extend":
+        d = A._prepare_extend(A._make_extend({"N": 16384, "P": 0}, "cuda", gen))
+        run = lambda: d["plan"].run(d["q"], d["kc"], d["vc"], out=d["out"],  # noqa: E731
+                                    k=d["knew"], v=d["vnew"])
+    elif which == "mla":
+        from tskernels.bench.cases import mla as M
+        shape = {"B": 64, "L": 4096, "fp8": 0}
+        d = M._prepare(M._make(shape, "cuda", gen))
+        run = lambda: d["plan"].run(d["q"], d["cache"], out=d["out"])  # noqa: E731
+    else:
+        raise SystemExit(f"unknown problem {which}")
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
