@@ -80,6 +80,30 @@ def sweep_decode():
         json.dump(rows, f, indent=1)
 
 
+def merge_policy():
+    """Fused vs separate split-KV merge under graph replay, per split count (decode, bf16)."""
+    from tskernels.bench.cases.attention import _make_decode
+    import tskernels.ops.attention as attn
+    rows = []
+    for (B, L), splits in (((1, 4096), (8, 16, 32)), ((16, 4096), (2, 4, 8))):
+        gen = torch.Generator("cuda").manual_seed(0)
+        sets = [_make_decode({"B": B, "L": L, "fp8": 0}, "cuda", gen) for _ in range(4)]
+        for ns, fused in itertools.product(splits, (True, False)):
+            plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
+                                      q_dtype=torch.bfloat16, num_splits=ns) for s in sets]
+            for p in plans:
+                p.fused_merge = fused
+            runs = [dict(p=p, s=s, o=torch.empty_like(s["q"])) for p, s in zip(plans, sets)]
+            fn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
+                                     out=r["o"])
+            us = _time(fn, runs, iters=50, graph=True)
+            rows.append(dict(B=B, L=L, splits=ns, fused=fused, us=us))
+            print(f"MERGE B={B} L={L} splits={ns:2d} {'fused   ' if fused else 'separate'} "
+                  f"{us:6.1f} us", flush=True)
+    with open(f"{OUT}/attention_decode_merge_policy.json", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def sweep_extend():
     """Extend launch configs on the prefill / chunk shapes, with the new tokens' K/V read
     contiguously ("contig") and through the page table ("paged"), checked against SDPA and
@@ -176,6 +200,8 @@ if __name__ == "__main__":
     stage = sys.argv[1]
     if stage == "sweep":
         sweep_decode()
+    elif stage == "merge_policy":
+        merge_policy()
     elif stage == "sweep_extend":
         sweep_extend()
     elif stage == "sweep_mla":

@@ -82,7 +82,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
                    SPLIT: tl.constexpr, SCALED: tl.constexpr, PER_HEAD: tl.constexpr,
                    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
                    IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False,
-                   FUSED_MERGE: tl.constexpr = False, HEADS_INNER: tl.constexpr = False):
+                   FUSED_MERGE: tl.constexpr = False, HEADS_INNER: tl.constexpr = False,
+                   BLOCK_S: tl.constexpr = 2):
     # HEADS_INNER: the KV heads of one (request, split) are neighbouring programs, so they
     # stream the same pages (each token row holds every head) at the same time
     if HEADS_INNER:
@@ -171,9 +172,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             done = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
             if done == num_splits - 1:
                 tl.store(sem, 0)  # re-armed for the next launch (stream-ordered)
-                _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, qh, gm, d, dm,
-                             num_splits, (b * (G * num_kv_heads) + qh) * num_splits,
-                             o_sb, o_sh, BLOCK_D, SINKS)
+                _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, kvh * G, num_splits,
+                             G * num_kv_heads, o_sb, o_sh, G, D, BLOCK_D, BLOCK_S, SINKS)
     else:
         if SINKS:
             sink = tl.load(sink_ptr + qh, mask=gm, other=0.0) * LOG2E
@@ -187,31 +187,31 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
 
 
 @triton.jit
-def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, qh, gm, d, dm, num_splits, row0,
-                 o_sb, o_sh, BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
-    """Merge the num_splits partials of the query heads qh (rows row0 + s) into o."""
-    m = tl.full(qh.shape, float("-inf"), tl.float32)
-    for sp in range(0, num_splits):
-        m = tl.maximum(m, tl.load(plse_ptr + row0 + sp, mask=gm, other=float("-inf"),
-                                  cache_modifier=".cg"))
-    if SINKS:
-        sink = tl.load(sink_ptr + qh, mask=gm, other=float("-inf"))
-        m = tl.maximum(m, sink)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    den = tl.zeros(qh.shape, tl.float32)
-    acc = tl.zeros([qh.shape[0], BLOCK_D], tl.float32)
-    for sp in range(0, num_splits):
-        w = tl.exp(tl.load(plse_ptr + row0 + sp, mask=gm, other=float("-inf"),
-                           cache_modifier=".cg") - m)
-        po = tl.load(po_ptr + (row0 + sp)[:, None] * BLOCK_D + d[None, :], mask=gm[:, None],
+def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_stride,
+                 o_sb, o_sh, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_S: tl.constexpr, SINKS: tl.constexpr):
+    """Merge the num_splits partials of query heads h0 .. h0 + G - 1 into o, one head at a
+    time, each from one [splits x D] load (rows (b * H + h) * num_splits + s)."""
+    sidx = tl.arange(0, BLOCK_S)
+    sm = sidx < num_splits
+    d = tl.arange(0, BLOCK_D)
+    for g in range(G):
+        h = h0 + g
+        rows = (b * row_stride + h) * num_splits + sidx
+        lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"), cache_modifier=".cg")
+        m = tl.max(lse, 0)
+        if SINKS:
+            sink = tl.load(sink_ptr + h)
+            m = tl.maximum(m, sink)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        w = tl.exp(lse - m)
+        den = tl.sum(w, 0)
+        if SINKS:
+            den += tl.exp(sink - m)
+        po = tl.load(po_ptr + rows[:, None] * BLOCK_D + d[None, :], mask=sm[:, None],
                      other=0.0, cache_modifier=".cg")
-        den += w
-        acc += po * w[:, None]
-    if SINKS:
-        den += tl.exp(sink - m)
-    o = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(o_ptr + b * o_sb + qh[:, None] * o_sh + d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=gm[:, None] & dm[None, :])
+        o = tl.sum(po * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+        tl.store(o_ptr + b * o_sb + h * o_sh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit
@@ -360,6 +360,7 @@ class DecodePlan:
             WINDOW=bool(self.window), SINKS=sinks is not None,
             IEEE=q.dtype == torch.float32, FP8_ASM=self.fp8_asm and q.dtype != torch.float32,
             FUSED_MERGE=split and self.fused_merge, HEADS_INNER=self.heads_inner,
+            BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
             num_warps=self.num_warps,
             num_stages=self.num_stages)
         if split and not self.fused_merge:
@@ -389,7 +390,7 @@ def _cases():
         for split in (False, True):
             c = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SPLIT=split,
                      SCALED=scaled, PER_HEAD=per_head, SOFTCAP=split, WINDOW=split,
-                     SINKS=not split, IEEE=False, FUSED_MERGE=split)
+                     SINKS=not split, IEEE=False, FUSED_MERGE=split, BLOCK_S=4 if split else 2)
             # uses_dot=False: the [16 x D] tile is below wgmma's M=64, so sm_90/sm_100 lower
             # the dot to mma.sync (not the wgmma/tcgen05 the matrix check looks for).
             out.append(CompileCase(_decode_kernel, sig, c, uses_dot=False, num_stages=3,
