@@ -6,7 +6,8 @@ Each sweep row is one (shape, config) timed on the H200 under CUDA-graph replay;
 config per shape becomes the shipped entry for that shape's problem key (the key function is
 the kernel's own, so lookups at plan time hit exactly these buckets). Across sweeps the fastest
 row wins: session 3's sweep timed the split shapes with the merge fused into the decode kernel
-(what plans with <= 4 splits run), session 1's with the separate merge launch (what plans
+(plans with <= 2 splits run it now; measured against the separate launch in
+attention_decode_merge_policy.json), session 1's with the separate merge launch (what plans
 with more splits run), so each row was timed the way its config runs now.
 """
 from __future__ import annotations

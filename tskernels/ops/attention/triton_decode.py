@@ -35,7 +35,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 KV_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3:per_tensor", "fp8_e4m3:per_head")
 MAX_SPLITS = 64
-FUSED_MERGE_MAX_SPLITS = 4
+FUSED_MERGE_MAX_SPLITS = 2
 
 
 @triton.jit
@@ -315,12 +315,12 @@ class DecodePlan:
                                                       sms, self.block_n)
         n = self.batch * num_q_heads * self.num_splits
         # split-KV partials merged by the last split program of each (request, KV head)
-        # (counted on a per-plan semaphore) instead of a second launch, when the splits are
-        # few. H200 (benchmarks/results/h200/attention_decode*_session3.json): at 4 splits
-        # (B=16) even under graph replay and one launch fewer eagerly (70.8 vs 87.4 µs); with
-        # more, the one merging program is a serial tail that costs more than the launch it
-        # saves (B=1 L=4k, 16 splits, graph: 19.2 vs 16.8 µs; the serving B=1 step at 8
-        # splits: 0.246 vs 0.180 ms of decode + merge per step)
+        # (counted on a per-plan semaphore) instead of a second launch, only when the splits
+        # are very few. H200, graph replay (results/h200/attention_decode_merge_policy.json):
+        # equal at 2 splits (B=16: 85.6 vs 86.2 µs), behind at 4-32 (B=16 4 splits 75.2 vs
+        # 71.3, B=1 32 splits 17.9 vs 15.4): the merging program is a serial tail that costs
+        # more than the launch it saves; eagerly it saves a ~30 µs launch (B=16 4 splits:
+        # 70.8 vs 87.4 µs, attention_decode*_session3.json).
         self.fused_merge = self.num_splits <= FUSED_MERGE_MAX_SPLITS
         self.heads_inner = False
         if self.num_splits > 1:
