@@ -320,7 +320,8 @@ class DecodePlan:
         # equal at 2 splits (B=16: 85.6 vs 86.2 µs), behind at 4-32 (B=16 4 splits 75.2 vs
         # 71.3, B=1 32 splits 17.9 vs 15.4): the merging program is a serial tail that costs
         # more than the launch it saves; eagerly it saves a ~30 µs launch (B=16 4 splits:
-        # 70.8 vs 87.4 µs, attention_decode*_session3.json).
+        # 70.8 vs 87.4 µs, attention_decode*_session3.json). Not chosen per call (eager vs
+        # capturing): a graph capture would then JIT-compile the other variant mid-capture.
         self.fused_merge = self.num_splits <= FUSED_MERGE_MAX_SPLITS
         self.heads_inner = False
         if self.num_splits > 1:
