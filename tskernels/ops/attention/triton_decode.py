@@ -187,6 +187,34 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
 
 
 @triton.jit
+def _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr,
+                BYPASS_L1: tl.constexpr):
+    """o[b, h] = sum_s exp(lse_s - M) o_s / (sum_s exp(lse_s - M) + exp(sink - M)) over the
+    partial rows `rows` (mask sm). BYPASS_L1: read them with .cg (written by other CTAs of
+    the running kernel)."""
+    if BYPASS_L1:
+        lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"), cache_modifier=".cg")
+        po = tl.load(po_ptr + rows[:, None] * BLOCK_D + d[None, :], mask=sm[:, None],
+                     other=0.0, cache_modifier=".cg")
+    else:
+        lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"))
+        po = tl.load(po_ptr + rows[:, None] * BLOCK_D + d[None, :], mask=sm[:, None],
+                     other=0.0)
+    m = tl.max(lse, 0)
+    if SINKS:
+        sink = tl.load(sink_ptr + h)
+        m = tl.maximum(m, sink)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m)
+    den = tl.sum(w, 0)
+    if SINKS:
+        den += tl.exp(sink - m)
+    o = tl.sum(po * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(o_ptr + b * o_sb + h * o_sh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
 def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_stride,
                  o_sb, o_sh, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_S: tl.constexpr, SINKS: tl.constexpr):
@@ -198,46 +226,23 @@ def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_strid
     for g in range(G):
         h = h0 + g
         rows = (b * row_stride + h) * num_splits + sidx
-        lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"), cache_modifier=".cg")
-        m = tl.max(lse, 0)
-        if SINKS:
-            sink = tl.load(sink_ptr + h)
-            m = tl.maximum(m, sink)
-        m = tl.where(m == float("-inf"), 0.0, m)
-        w = tl.exp(lse - m)
-        den = tl.sum(w, 0)
-        if SINKS:
-            den += tl.exp(sink - m)
-        po = tl.load(po_ptr + rows[:, None] * BLOCK_D + d[None, :], mask=sm[:, None],
-                     other=0.0, cache_modifier=".cg")
-        o = tl.sum(po * w[:, None], 0) / tl.where(den > 0, den, 1.0)
-        tl.store(o_ptr + b * o_sb + h * o_sh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh, D,
+                    BLOCK_D, SINKS, True)
 
 
 @triton.jit
 def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                   SINKS: tl.constexpr):
-    """o = sum_s exp(lse_s - M) o_s / (sum_s exp(lse_s - M) + exp(sink - M))."""
+    """One (head, request) per program: merge its split-KV partials (see _merge_head)."""
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     sidx = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     sm = sidx < num_splits
     row = (b * H + h) * num_splits + sidx
-    lse = tl.load(plse_ptr + row, mask=sm, other=float("-inf"))
-    m = tl.max(lse, 0)
-    if SINKS:
-        sink = tl.load(sink_ptr + h)
-        m = tl.maximum(m, sink)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m)
-    den = tl.sum(w, 0)
-    if SINKS:
-        den += tl.exp(sink - m)
-    po = tl.load(po_ptr + row[:, None] * BLOCK_D + d[None, :], mask=sm[:, None], other=0.0)
-    o = tl.sum(po * w[:, None], 0) / tl.where(den > 0, den, 1.0)
-    tl.store(o_ptr + b * o_sb + h * o_sh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
+    _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D, BLOCK_D,
+                SINKS, False)
 
 
 def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
