@@ -44,9 +44,13 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted(set(sizes + [max_bs]))
 
 
+_HEADER_BYTES = 8 + 3 * 4  # per row, before the page table: int64 slot, int32 id / pos / len
+
+
 def _inputs(buf: torch.Tensor, max_bs: int, width: int):
     """(slot_mapping int64, input_ids, positions, seq_lens, page_table int32) views of the packed
-    byte buffer: the int64 slots first (8-byte aligned), the page table last."""
+    byte buffer: the int64 slots first (8-byte aligned), the page table last (it starts at
+    _HEADER_BYTES * max_bs)."""
     slot = buf[:8 * max_bs].view(torch.int64)
     i32 = buf[8 * max_bs:].view(torch.int32)
     ids, pos, lens = (i32[k * max_bs:(k + 1) * max_bs] for k in range(3))
@@ -60,8 +64,7 @@ class CudaGraphs:
         max_bs = min(max_num_seqs, max_bs)
         self.sizes = graph_batch_sizes(max_bs)
         width = math.ceil(runner.max_model_len / runner.page_size)
-        self._header = 20 * max_bs  # bytes before the page table
-        self._row_bytes = 4 * width
+        self._header, self._row_bytes = _HEADER_BYTES * max_bs, 4 * width
         nbytes = self._header + max_bs * self._row_bytes
         pinned = dev.type == "cuda"
         self._host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)

@@ -145,36 +145,38 @@ class ModelRunner:
         num_rows = len(plan.request_ids)
         sample_rows = np.flatnonzero(np.asarray(plan.sample))
         token_ids = np.zeros(num_rows, dtype=np.int32)
+        got = None
         if self.graphs is not None and plan.num_decode == num_rows:
             got = self.graphs.run(plan)
-            if got is not None:  # the graph computed every row's logits and greedy choice
-                logits, greedy = got
-                if len(sample_rows) != num_rows:
-                    sel = torch.from_numpy(sample_rows).to(self.device)
-                    logits, greedy = logits[sel], greedy[sel]
-                if not len(sample_rows):
-                    return StepResult(token_ids, None, None, sample_rows)
-                reqs = [requests[r] for r in sample_rows]
-                if self._all_greedy(reqs):
-                    token_ids[sample_rows] = self.graphs.fetch_ids(greedy)
-                    return StepResult(token_ids, None, None, sample_rows)
-                ids, lp, top = self.sample(logits, reqs)
-                token_ids[sample_rows] = ids
-                return StepResult(token_ids, lp, top, sample_rows)
+        if got is not None:  # the graph computed every row's logits and greedy choice
+            logits, greedy = got
+            if 0 < len(sample_rows) < num_rows:
+                sel = torch.from_numpy(sample_rows).to(self.device)
+                logits, greedy = logits[sel], greedy[sel]
+        else:
+            logits, greedy = self._eager_logits(plan, sample_rows), None
+        if not len(sample_rows):
+            return StepResult(token_ids, None, None, sample_rows)
+        reqs = [requests[r] for r in sample_rows]
+        if greedy is not None and self._all_greedy(reqs):
+            token_ids[sample_rows] = self.graphs.fetch_ids(greedy)
+            return StepResult(token_ids, None, None, sample_rows)
+        ids, lp, top = self.sample(logits, reqs)
+        token_ids[sample_rows] = ids
+        return StepResult(token_ids, lp, top, sample_rows)
+
+    def _eager_logits(self, plan, sample_rows: np.ndarray) -> torch.Tensor | None:
+        """Run the plan's forward; logits of the sampling rows (None when none samples)."""
         input_ids, meta = self.step_meta(plan)
         hidden = self.forward(input_ids, meta)
         if not len(sample_rows):
-            return StepResult(token_ids, None, None, sample_rows)
+            return None
         last = np.asarray(plan.qo_indptr)[1:][sample_rows] - 1
         if len(last) == hidden.shape[0] and (last == np.arange(len(last))).all():
             rows = hidden  # a decode step sampling every row: no gather, no index upload
         else:
             rows = hidden[torch.from_numpy(last.astype(np.int64)).to(self.device)]
-        logits = self.model.compute_logits(rows)
-        reqs = [requests[r] for r in sample_rows]
-        ids, lp, top = self.sample(logits, reqs)
-        token_ids[sample_rows] = ids
-        return StepResult(token_ids, lp, top, sample_rows)
+        return self.model.compute_logits(rows)
 
     @staticmethod
     def _all_greedy(reqs: list[SampleRequest]) -> bool:

@@ -33,7 +33,6 @@ def extend_problem(draw, device):
                 window=draw(st.one_of(st.none(), st.integers(1, 30 if small else 300))),
                 softcap=draw(st.one_of(st.none(), st.floats(2.0, 30.0))),
                 sinks=draw(st.booleans()), new_kv=draw(st.booleans()),
-                pipelined=draw(st.booleans()),
                 seed=draw(st.integers(0, 2**31 - 1)))
 
 
@@ -69,7 +68,6 @@ def _run_case(c, device):
                             k_cache=kv.k_cache, q_dtype=c["dtype"], causal=c["causal"],
                             sliding_window=c["window"], softcap=c["softcap"], sinks=c["sinks"],
                             kv_scale_mode=c["kv_mode"], backend="triton")
-    plan.pipelined = c.get("pipelined", False)
     extra = {}
     if c.get("new_kv") and c["kv_mode"] is None:
         k, v = new_token_kv(kv, c["lens"], c["new"], extra_cols=c["hq"] * c["d"])
@@ -101,11 +99,10 @@ def test_extend_new_kv_tiles_across_requests(kernel_device):
     mid-page, a window, several query / key tiles per request (the tile rows that belong to
     the next request, or lie past the tensor, must stay invisible)."""
     lens, new = [70, 41, 66, 5], [33, 41, 20, 5]
-    for window, pipelined in ((None, False), (None, True), (23, False), (23, True)):
+    for window in (None, 23):
         _run_case(dict(lens=lens, new=new, page_size=4, hq=4, hkv=2, d=32,
                        dtype=torch.float16, kv_mode=None, causal=True, window=window,
-                       softcap=None, sinks=False, new_kv=True, pipelined=pipelined, seed=11),
-                  kernel_device)
+                       softcap=None, sinks=False, new_kv=True, seed=11), kernel_device)
 
 
 def test_extend_new_kv_bad_input(kernel_device):

@@ -51,14 +51,12 @@ def _make_decode(shape, device, gen):
 def _prepare_decode(d):
     d = dict(d)
     fp8 = d["kc"].dtype == FP8
-    for name in ("plan", "plan_separate_merge", "plan_heads_inner"):
+    for name in ("plan", "plan_separate_merge"):
         d[name] = attn.decode_plan(d["pt"], d["lens"], num_q_heads=HQ, k_cache=d["kc"],
                                    q_dtype=DT, kv_scale_mode="per_tensor" if fp8 else None,
                                    max_seq_len=d["pt"].shape[1] * PAGE)
     if hasattr(d["plan_separate_merge"], "fused_merge"):
         d["plan_separate_merge"].fused_merge = False
-    if hasattr(d["plan_heads_inner"], "heads_inner"):
-        d["plan_heads_inner"].heads_inner = True
     d["out"] = torch.empty_like(d["q"])
     return d
 
@@ -96,9 +94,7 @@ register_bench(Bench(
     baselines={"torch_sdpa_contiguous": _sdpa_contiguous_decode,
                "naive_paged": _naive_paged_decode,
                # ours with split-KV partials merged by a second launch (the previous design)
-               "tskernels_separate_merge": lambda d: _ours_decode(d, "plan_separate_merge"),
-               # ours with the KV heads of one (request, split) as neighbouring programs
-               "tskernels_heads_inner": lambda d: _ours_decode(d, "plan_heads_inner")},
+               "tskernels_separate_merge": lambda d: _ours_decode(d, "plan_separate_merge")},
     bytes=_decode_bytes, flops=lambda s: 4 * s["B"] * HQ * s["L"] * D,
     prepare=_prepare_decode, cpu_shapes=[{"B": 2, "L": 256, "fp8": 0}]))
 

@@ -82,18 +82,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
                    SPLIT: tl.constexpr, SCALED: tl.constexpr, PER_HEAD: tl.constexpr,
                    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
                    IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False,
-                   FUSED_MERGE: tl.constexpr = False, HEADS_INNER: tl.constexpr = False,
-                   BLOCK_S: tl.constexpr = 2):
-    # HEADS_INNER: the KV heads of one (request, split) are neighbouring programs, so they
-    # stream the same pages (each token row holds every head) at the same time
-    if HEADS_INNER:
-        kvh = tl.program_id(0)
-        split = tl.program_id(1)
-        num_kv_heads = tl.num_programs(0)
-    else:
-        split = tl.program_id(0)
-        kvh = tl.program_id(1)
-        num_kv_heads = tl.num_programs(1)
+                   FUSED_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 2):
+    split = tl.program_id(0)
+    kvh = tl.program_id(1)
+    num_kv_heads = tl.num_programs(1)
     b = tl.program_id(2).to(tl.int64)
     L = tl.load(lens_ptr + b)
     lo = 0
@@ -328,7 +320,6 @@ class DecodePlan:
         # 70.8 vs 87.4 µs, attention_decode*_session3.json). Not chosen per call (eager vs
         # capturing): a graph capture would then JIT-compile the other variant mid-capture.
         self.fused_merge = self.num_splits <= FUSED_MERGE_MAX_SPLITS
-        self.heads_inner = False
         if self.num_splits > 1:
             self.partial_o = torch.empty(n, self.block_d, dtype=torch.float32, device=dev)
             self.partial_lse = torch.empty(n, dtype=torch.float32, device=dev)
@@ -349,9 +340,7 @@ class DecodePlan:
         dummy = self.seq_lens
         po = self.partial_o if split else o
         plse = self.partial_lse if split else dummy
-        grid = (self.hkv, self.num_splits, B) if self.heads_inner else \
-            (self.num_splits, self.hkv, B)
-        _decode_kernel[grid](
+        _decode_kernel[(self.num_splits, self.hkv, B)](
             q, k_cache, v_cache, self.page_table, self.seq_lens,
             k_scale if scaled else dummy, v_scale if scaled else dummy,
             sinks if sinks is not None else dummy, o, po, plse,
@@ -365,7 +354,7 @@ class DecodePlan:
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None,
             IEEE=q.dtype == torch.float32, FP8_ASM=self.fp8_asm and q.dtype != torch.float32,
-            FUSED_MERGE=split and self.fused_merge, HEADS_INNER=self.heads_inner,
+            FUSED_MERGE=split and self.fused_merge,
             BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
             num_warps=self.num_warps,
             num_stages=self.num_stages)

@@ -84,34 +84,6 @@ def _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc, vdesc, row0, 
 
 
 @triton.jit
-def _self_tiles_pipelined(acc, m_i, l_i, q, kdesc, vdesc, row0, col, tlo, thi, c,
-                          BLOCK_N: tl.constexpr):
-    """The unmasked new-token tiles tlo .. thi (at least one), software-pipelined: the next
-    tile's logits dot is issued before this tile's softmax, so the tensor cores work while the
-    exponentials run (no softcap / window / IEEE here)."""
-    k = kdesc.load([row0 + tlo, col])
-    s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    for t0 in range(tlo, thi - BLOCK_N, BLOCK_N):
-        k_next = kdesc.load([row0 + t0 + BLOCK_N, col])
-        s_next = tl.dot(q, tl.trans(k_next.to(q.dtype)))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * c)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s * c - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = vdesc.load([row0 + t0, col])
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
-        m_i = m_new
-        s = s_next
-    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s * c - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = vdesc.load([row0 + thi - BLOCK_N, col])
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None])
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr, work_ptr,
                    ks_ptr, vs_ptr, sink_ptr, o_ptr, sm_scale, softcap, window, num_rows,
                    q_st, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, kn_st, vn_st, pt_sb, o_st,
@@ -119,8 +91,7 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALED: tl.constexpr,
                    PER_HEAD: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-                   SINKS: tl.constexpr, IEEE: tl.constexpr, CONTIG: tl.constexpr = False,
-                   PIPE: tl.constexpr = False):
+                   SINKS: tl.constexpr, IEEE: tl.constexpr, CONTIG: tl.constexpr = False):
     w = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
@@ -183,17 +154,11 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
         tfull = m0 // BLOCK_N * BLOCK_N
         if WINDOW:
             tfull = tlo
-        if PIPE and not (SOFTCAP or WINDOW or IEEE):
-            if tfull > tlo:
-                acc, m_i, l_i = _self_tiles_pipelined(acc, m_i, l_i, q, kdesc, vdesc, q_start,
-                                                      col, tlo, tfull, c, BLOCK_N)
-        else:
-            for t0 in range(tlo, tfull, BLOCK_N):
-                acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
-                                              vdesc, q_start + t0, col, P + t0, m_pos, L,
-                                              window, softcap, c, d, dm, k_sp, k_ss, v_sp,
-                                              v_ss, PAGE, BLOCK_N, False, CAUSAL, SOFTCAP,
-                                              WINDOW, IEEE, True)
+        for t0 in range(tlo, tfull, BLOCK_N):
+            acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
+                                          vdesc, q_start + t0, col, P + t0, m_pos, L, window,
+                                          softcap, c, d, dm, k_sp, k_ss, v_sp, v_ss, PAGE,
+                                          BLOCK_N, False, CAUSAL, SOFTCAP, WINDOW, IEEE, True)
         for t0 in range(tfull, last_pos + 1 - P, BLOCK_N):
             acc, m_i, l_i = _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc,
                                           vdesc, q_start + t0, col, P + t0, m_pos, L, window,
@@ -289,7 +254,6 @@ class ExtendPlan:
                            short_rows=kv_dtype.itemsize >= 2 and causal
                            and _mean_keys(counts, lens, 128) < SHORT_ROWS_KEYS)
         self.block_d = max(16, triton.next_power_of_2(head_dim))
-        self.pipelined = False  # software-pipelined new-token tiles (contiguous K/V only)
         work = [(b, i) for b, c in enumerate(counts) for i in range(triton.cdiv(c, self.block_m))]
         # Longest work first (later query blocks of long requests see the most keys).
         work.sort(key=lambda bi: -(lens[bi[0]] - counts[bi[0]] + (bi[1] + 1) * self.block_m))
@@ -325,8 +289,7 @@ class ExtendPlan:
             BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=self.causal, SCALED=scaled,
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None, IEEE=q.dtype == torch.float32,
-            CONTIG=contig, PIPE=contig and self.pipelined, num_warps=self.num_warps,
-            num_stages=self.num_stages)
+            CONTIG=contig, num_warps=self.num_warps, num_stages=self.num_stages)
         return o
 
     def _can_read_contiguous(self, k, v) -> bool:
@@ -351,18 +314,19 @@ def _scratch(size: int, alignment: int, stream):
 
 
 def _cases():
+    # strides: multiples of 16 at run time (the JIT specialises them)
+    strides = ("q_st", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "kn_st", "vn_st",
+               "pt_sb", "o_st", "o_sh")
+
     def signature(q_t, kv_t):
         sig = {"q_ptr": q_t, "k_ptr": kv_t, "v_ptr": kv_t, "kn_ptr": q_t, "vn_ptr": q_t,
                "qo_ptr": "*i32", "pt_ptr": "*i32", "lens_ptr": "*i32", "work_ptr": "*i32",
                "ks_ptr": "*fp32", "vs_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": q_t,
                "sm_scale": "fp32", "softcap": "fp32", "window": "i32", "num_rows": "i32"}
-        sig.update({k: "i32" for k in ("q_st", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss",
-                                       "v_sh", "kn_st", "vn_st", "pt_sb", "o_st", "o_sh")})
+        sig.update({k: "i32" for k in strides})
         return sig
 
     base = dict(G=4, HKV=8, D=128, BLOCK_D=128, PAGE=16, CAUSAL=True, PER_HEAD=False)
-    strides = ("q_st", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "kn_st", "vn_st",
-               "pt_sb", "o_st", "o_sh")
     out = []
     bm, bn, nw, ns = _launch_config(128, torch.bfloat16, True)
     for kv_t in ("*bf16", "*fp8e4nv"):
