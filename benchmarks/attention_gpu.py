@@ -80,6 +80,88 @@ def sweep_decode():
         json.dump(rows, f, indent=1)
 
 
+def sweep_decode_modes():
+    """Decode kernel forms side by side (graph replay), each checked against the fp32 reference.
+    SWEEP_MODES lists "+"-joined tokens: "base" (query heads on the tensor-core M side),
+    "keys_m" or "q_fp8x2" (keys on M; with an fp8 cache q is split into two e4m3 terms and K
+    feeds e4m3 dots unconverted), "pdl" (the separate merge as a programmatic dependent
+    launch). SWEEP_SHAPES / SWEEP_SPLITS / SWEEP_BN /
+    SWEEP_WARPS / SWEEP_STAGES / SWEEP_FP8 narrow the grid. (Earlier JSONs also name forms
+    since removed or made default: "q_fp8" one e4m3 term, "pv_fp8" p and V in e4m3, "ptp" page
+    ids one tile ahead, "ef" evict_first on the K/V loads: no measurable change, dropped.)"""
+    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
+    from tskernels.numerics import error_stats
+    import tskernels.ops.attention as attn
+    rows = []
+    shapes = [(1, 4096), (16, 4096), (64, 4096), (16, 32768), (128, 8192)]
+    if os.environ.get("SWEEP_SHAPES"):
+        shapes = [tuple(int(x) for x in s.split("x"))
+                  for s in os.environ["SWEEP_SHAPES"].split(",")]
+    warps = tuple(int(w) for w in os.environ.get("SWEEP_WARPS", "4,8").split(","))
+    stages = tuple(int(w) for w in os.environ.get("SWEEP_STAGES", "2,3,4").split(","))
+    fp8s = tuple(int(w) for w in os.environ.get("SWEEP_FP8", "0,1").split(","))
+    for fp8, (B, L) in itertools.product(fp8s, shapes):
+        shape = {"B": B, "L": L, "fp8": fp8}
+        gen = torch.Generator("cuda").manual_seed(0)
+        nbytes = _decode_bytes(shape)
+        n_sets = max(1, min(8, (256 << 20) // nbytes))
+        sets = [_make_decode(shape, "cuda", gen) for _ in range(n_sets)]
+        s0 = sets[0]
+        kref, vref = s0["kcont"].float(), s0["vcont"].float()
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            s0["q"].float().unsqueeze(2), kref, vref, enable_gqa=True).squeeze(2)
+        for s in sets:
+            del s["kcont"], s["vcont"]
+        auto = attn.decode_plan(s0["pt"], s0["lens"], num_q_heads=32, k_cache=s0["kc"],
+                                q_dtype=torch.bfloat16,
+                                kv_scale_mode="per_tensor" if fp8 else None)
+        splits = sorted({auto.num_splits, *((16, 32) if B == 1 else (4,) if B <= 16 else ())})
+        if os.environ.get("SWEEP_SPLITS"):
+            splits = [int(x) for x in os.environ["SWEEP_SPLITS"].split(",")]
+        bns = tuple(int(x) for x in os.environ.get("SWEEP_BN", "64,128").split(","))
+        modes = tuple(m for m in os.environ.get(
+            "SWEEP_MODES", "base+pdl,keys_m+pdl,base,keys_m").split(",")
+            if fp8 or "fp8" not in m)
+        best = {}
+        for mode, ns, bn, nw, st in itertools.product(modes, splits, bns, warps, stages):
+            plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
+                                      q_dtype=torch.bfloat16, num_splits=ns,
+                                      kv_scale_mode="per_tensor" if fp8 else None)
+                     for s in sets]
+            tokens = set(mode.split("+"))
+            for p in plans:
+                p.block_n, p.num_warps, p.num_stages = bn, nw, st
+                p.keys_m = bool(tokens & {"keys_m", "q_fp8x2"})
+                p.pdl = "pdl" in tokens
+                p.pt_prefetch = "ptp" in tokens
+            outs = [torch.empty_like(s["q"]) for s in sets]
+            runs = [dict(p=p, s=s, o=o) for p, s, o in zip(plans, sets, outs)]
+            fn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
+                                     k_scale=r["s"].get("ks"), v_scale=r["s"].get("vs"),
+                                     out=r["o"])
+            try:
+                fn(runs[0])
+                err = error_stats(outs[0], ref)
+                us = _time(fn, runs, iters=30, graph=True)
+            except Exception as e:  # out of shared memory etc.
+                print("skip", shape, mode, ns, bn, nw, st, type(e).__name__, str(e)[:80])
+                continue
+            row = dict(shape=shape, mode=mode, splits=ns, block_n=bn, warps=nw, stages=st,
+                       us=us, tbps=nbytes / us / 1e6, rel_rms=err.rel_rms, rel_max=err.rel_max)
+            rows.append(row)
+            if mode not in best or us < best[mode]["us"]:
+                best[mode] = row
+        for mode, r in best.items():
+            print(f"MODE B={B:3d} L={L:5d} fp8={fp8} {mode:13s} {r['us']:8.1f} us "
+                  f"{r['tbps']:5.2f} TB/s  ns={r['splits']} bn={r['block_n']} w={r['warps']} "
+                  f"st={r['stages']}  rms={r['rel_rms']:.2e} max={r['rel_max']:.2e}", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_modes.json')}",
+                  "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def merge_policy():
     """Fused vs separate split-KV merge under graph replay, per split count (decode, bf16)."""
     from tskernels.bench.cases.attention import _make_decode
@@ -111,7 +193,11 @@ def sweep_extend():
     from tskernels.bench.cases.attention import (_extend_flops, _make_extend, _prepare_extend,
                                                  _sdpa_extend)
     rows = []
-    for shape in ({"N": 4096, "P": 0}, {"N": 16384, "P": 0}, {"N": 1024, "P": 16384}):
+    shapes = ({"N": 4096, "P": 0}, {"N": 16384, "P": 0}, {"N": 1024, "P": 16384})
+    if os.environ.get("SWEEP_SHAPES"):  # "4096x0,1024x16384": new tokens x cached prefix
+        shapes = [dict(zip(("N", "P"), (int(x) for x in s.split("x"))))
+                  for s in os.environ["SWEEP_SHAPES"].split(",")]
+    for shape in shapes:
         gen = torch.Generator("cuda").manual_seed(0)
         d = _prepare_extend(_make_extend(shape, "cuda", gen))
         ref = _sdpa_extend(d, d["kcont"], d["vcont"])[0].transpose(0, 1).float()
@@ -119,14 +205,18 @@ def sweep_extend():
         flops = _extend_flops(shape)
         print(f"EXT {shape} sdpa {sdpa_us:.1f} us {flops / sdpa_us / 1e6:.0f} TFLOP/s",
               flush=True)
-        for cfg in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
-                    (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2)):
+        cfgs = ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
+                (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2))
+        if os.environ.get("SWEEP_EXT_CFGS"):  # "128x128x8x3,64x64x4x3"
+            cfgs = [tuple(int(x) for x in c.split("x"))
+                    for c in os.environ["SWEEP_EXT_CFGS"].split(",")]
+        for cfg in cfgs:
             p = d["plan"]
             p.__init__(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
                        head_dim=128, page_size=16, q_dtype=torch.bfloat16,
                        kv_dtype=torch.bfloat16, scale=128 ** -0.5, config=cfg)
-            for mode in ("contig", "paged"):
-                kw = dict(k=d["knew"], v=d["vnew"]) if mode == "contig" else {}
+            for mode in os.environ.get("SWEEP_EXT_MODES", "contig,paged").split(","):
+                kw = dict(k=d["knew"], v=d["vnew"]) if "contig" in mode else {}
                 try:
                     o = p.run(d["q"], d["kc"], d["vc"], **kw).float()
                     err = ((o - ref).norm() / ref.norm()).item()
@@ -144,7 +234,7 @@ def sweep_extend():
                       flush=True)
         del d
         torch.cuda.empty_cache()
-    with open(f"{OUT}/attention_extend_sweep.json", "w") as f:
+    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_extend_sweep.json')}", "w") as f:
         json.dump(rows, f, indent=1)
 
 
@@ -199,6 +289,8 @@ if __name__ == "__main__":
     stage = sys.argv[1]
     if stage == "sweep":
         sweep_decode()
+    elif stage == "modes":
+        sweep_decode_modes()
     elif stage == "merge_policy":
         merge_policy()
     elif stage == "sweep_extend":

@@ -25,6 +25,10 @@ def main(which: str) -> None:
         shape = {"B": 128, "L": 8192, "fp8": int(which.endswith("fp8"))}
         d = A._prepare_decode(A._make_decode(shape, "cuda", gen))
         del d["kcont"], d["vcont"]
+        # NCU_DECODE="keys_m=1,q_fp8=2": plan attributes of a kernel form to profile
+        for kv in filter(None, os.environ.get("NCU_DECODE", "").split(",")):
+            key, val = kv.split("=")
+            setattr(d["plan"], key, int(val))
         run = lambda: A._ours_decode(d)  # noqa: E731
     elif which == "extend":
         d = A._prepare_extend(A._make_extend({"N": 16384, "P": 0}, "cuda", gen))

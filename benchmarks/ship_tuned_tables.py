@@ -1,14 +1,15 @@
 """Turn measured launch-config sweeps into the tables autotune ships (autotune/tables/).
 
-    python benchmarks/ship_tuned_tables.py   # reads the sweeps in SWEEPS, in order
+    python benchmarks/ship_tuned_tables.py   # reads the sweeps in SWEEPS
 
-Each sweep row is one (shape, config) timed on the H200 under CUDA-graph replay; the fastest
-config per shape becomes the shipped entry for that shape's problem key (the key function is
-the kernel's own, so lookups at plan time hit exactly these buckets). Across sweeps the fastest
-row wins: session 3's sweep timed the split shapes with the merge fused into the decode kernel
-(plans with <= 2 splits run it now; measured against the separate launch in
-attention_decode_merge_policy.json), session 1's with the separate merge launch (what plans
-with more splits run), so each row was timed the way its config runs now.
+Each sweep row is one (shape, kernel form, config) timed on the H200 under CUDA-graph replay
+(`python benchmarks/attention_gpu.py modes`); only rows of the forms plans launch now count
+(page ids prefetched a tile ahead, "ptp"; fp8 caches: keys on the M side with q split into two
+e4m3 terms, "q_fp8x2"; 16-bit caches: query heads on M, "base"), and the fastest per shape
+becomes the shipped entry for that shape's problem key (the kernel's own key function, so
+lookups at plan time hit exactly these buckets). Rows with and without "pdl" (the separate
+merge as a programmatic dependent launch, which plans now always use on sm_90) both count:
+it changed nothing measurable at B=16 (attention_decode_modes_b16_s4d.json).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from tskernels.ops.attention.triton_decode import TUNE_KERNEL, tune_key
 
 ROOT = Path(__file__).resolve().parent
 SWEEPS = [ROOT / "results" / "h200" / name for name in (
-    "attention_decode_sweep.json",          # session 1: every shape
-    "attention_decode_sweep_fused.json",    # session 3: split shapes with the fused merge
+    "attention_decode_modes_ptp_s4c.json",     # B=16/64/128 shapes
+    "attention_decode_modes_b1_ptp_s4c.json",  # B=1
+    "attention_decode_modes_b16_s4d.json",     # B=16, 2/4/8 splits
 )]
 # The sweep's problem: GQA 32 q / 8 kv heads, head_dim 128, page 16.
 HQ, HKV, D = 32, 8, 128
@@ -34,6 +36,10 @@ def main() -> None:
             continue
         for row in json.loads(sweep.read_text()):
             s = row["shape"]
+            form = set(row["mode"].split("+"))
+            if "ptp" not in form or ("q_fp8x2" in form) != bool(s.get("fp8")) \
+                    or not form <= {"base", "q_fp8x2", "ptp", "pdl"}:
+                continue
             key = tune_key(D, "fp8" if s.get("fp8") else "bf16", HQ // HKV, s["B"] * HKV,
                            s["L"])
             if key not in best or row["us"] < best[key]["us"]:

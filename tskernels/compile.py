@@ -53,6 +53,9 @@ class CompileCase:
     uses_dot: bool = False
     label: str = ""
     aligned: tuple[str, ...] = ()
+    # only these targets (None: every target the kernel declares), for a specialisation that
+    # only runs on some hardware (inline PTX, programmatic dependent launch)
+    targets: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -163,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'smem':>7} matrix")
     for name, case, declared in all_cases():
         for t in args.targets:
+            if case.targets is not None and t not in case.targets:
+                continue
             rec = {"kernel": name, "case": case.name, "target": t, "declared": t in declared,
                    "uses_dot": case.uses_dot}
             try:

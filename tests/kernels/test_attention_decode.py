@@ -1,5 +1,8 @@
 """Triton paged decode vs the references: ragged lengths (0, 1, not a page multiple), permuted
-page tables, NaN-poisoned unused slots, GQA 1-16, fp8 caches, window / softcap / sinks, splits."""
+page tables, NaN-poisoned unused slots, GQA 1-16, fp8 caches, window / softcap / sinks, splits,
+both kernel forms (query heads or keys on the tensor-core M side). fp8 caches are held to q's
+dtype tolerance against the exactly dequantized cache: the fp8 form's q split (hi + lo e4m3)
+must be as accurate as a 16-bit q (one e4m3 term would be ~4 % off)."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +33,9 @@ def decode_problem(draw, device):
         softcap=draw(st.one_of(st.none(), st.floats(2.0, 30.0))),
         sinks=draw(st.booleans()),
         num_splits=draw(st.one_of(st.none(), st.integers(1, 6))),
+        # kernel form: None = the plan's choice (keys on the M side for fp8 caches, q split
+        # into two e4m3 terms; query heads on M for 16-bit caches), or forced either way
+        keys_m=draw(st.sampled_from([None, True, False])),
         seed=draw(st.integers(0, 2**31 - 1)))
 
 
@@ -44,6 +50,8 @@ def _run_case(c, device):
                             sliding_window=c["window"], softcap=c["softcap"],
                             sinks=c["sinks"], kv_scale_mode=c["kv_mode"],
                             num_splits=c["num_splits"], backend="triton")
+    if c.get("keys_m") is not None:
+        plan.keys_m = c["keys_m"]
     out = poisoned_like(q)
     o = plan.run(q, kv.k_cache, kv.v_cache, sinks=sinks, k_scale=kv.k_scale,
                  v_scale=kv.v_scale, out=out)

@@ -7,17 +7,26 @@ Math (per request b, query head h, KV head kv = h // G, visible keys j in [lo, L
 with L = seq_lens[b], lo = max(0, L - W) for a sliding window W, else 0.
 
 One program owns (split, KV head, request) and all G query heads of that KV head, so every KV
-page is read from memory once per KV head: the G heads form the M side of a [G x D] @ [D x N]
-dot (padded to 16 rows, the smallest tensor-core tile; decode is memory-bound, the wasted rows
-cost nothing measurable). Key positions are mapped to (page, slot) per token, so any page size
-works and a block of keys may straddle pages.
+page is read from memory once per KV head. Two forms of the tile dots:
+  - query heads on the M side (16-bit caches): [G x D] @ [D x N], the G heads padded to 16
+    rows (mma.sync); decode is memory-bound, the wasted rows cost nothing measurable;
+  - keys on the M side (fp8 caches): s^T = K q^T and o^T += V^T p^T, 64-key tiles (wgmma on
+    sm_90). q is split into two e4m3 terms (hi + lo, each with a per-row scale: bf16's
+    precision), so the fp8 keys feed e4m3 dots straight from shared memory, never converted;
+    V is converted to fp16 for the second dot (an e4m3 dot would need V^T keys-contiguous).
+    H200: 1.31x the bf16 kernel's tokens/s at B=128, L=8k, against 1.0x when both K and V
+    were converted (results/h200/attention_decode_modes_*_s4*.json).
+Key positions are mapped to (page, slot) per token, so any page size works and a block of keys
+may straddle pages; each tile's page ids are loaded one tile ahead.
 
 Split-KV: `DecodePlan` fixes num_splits per batch (enough programs to fill the GPU); each split
 takes an equal, BLOCK_N-aligned share of the visible keys, computed on the device from
 seq_lens, so a captured CUDA graph stays correct when the lengths change between replays.
 With one split the kernel finalises directly; otherwise it writes (o, lse) partials into the
-plan's workspace and `_merge_kernel` combines them with the sink. `DecodePlan.run` does no host
-synchronisation and allocates nothing when given `out`.
+plan's workspace and the last split program of each (request, KV head) merges them (<= 2
+splits) or `_merge_kernel` does, launched as a programmatic dependent of the decode kernel on
+sm_90+ so its launch overlaps the decode. `DecodePlan.run` does no host synchronisation and
+allocates nothing when given `out`.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import torch
 import triton
 from autotune import default_store, device_key, pow2_bucket
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from ...platform import platform_of
@@ -82,7 +92,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
                    SPLIT: tl.constexpr, SCALED: tl.constexpr, PER_HEAD: tl.constexpr,
                    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
                    IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False,
-                   FUSED_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 2):
+                   FUSED_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 2,
+                   KEYS_M: tl.constexpr = False, Q_FP8: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
+    if PDL:
+        gdc_launch_dependents()  # the merge kernel may be scheduled now (it waits for us)
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     num_kv_heads = tl.num_programs(1)
@@ -107,45 +121,99 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         # dots run in fp16 (q's magnitude is far below fp16's 65504 in practice).
         q = q.to(tl.float16)
     qk_scale, v_scale = _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
+    if Q_FP8:
+        # fp8 cache: q as two e4m3 terms, hi = e4m3(q * qs) with one scale per head row (its
+        # max |q| -> 448) and lo = e4m3((q * qs - hi) * rs), the rounding residual with its
+        # own row scale: hi + lo keeps ~8 significant bits (bf16's precision; hi alone has 4,
+        # ~4 % error on the logits), and both feed e4m3 tensor-core dots that read the fp8
+        # keys straight from shared memory: K is never converted.
+        qf = q.to(tl.float32)
+        qmax = tl.max(tl.abs(qf), 1)
+        qs = tl.where(qmax > 0, 448.0 / tl.where(qmax > 0, qmax, 1.0), 1.0)
+        q8 = (qf * qs[:, None]).to(tl.float8e4nv)
+        r = qf * qs[:, None] - q8.to(tl.float32)
+        rmax = tl.max(tl.abs(r), 1)
+        rs = tl.where(rmax > 0, 448.0 / tl.where(rmax > 0, rmax, 1.0), 1.0)
+        q8lo = (r * rs[:, None]).to(tl.float8e4nv)
+        s_col = qk_scale / qs
+        s_col_lo = qk_scale / (qs * rs)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    if KEYS_M:
+        acc_t = tl.zeros([BLOCK_D, BLOCK_G], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     pt_row = pt_ptr + b * pt_sb
     k_base = k_ptr + kvh * k_sh
     v_base = v_ptr + kvh * v_sh
+    t = start + tl.arange(0, BLOCK_N)
+    page_next = tl.load(pt_row + t // PAGE, mask=t < end, other=0)
     for t0 in range(start, end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         tm = t < end
-        page = tl.load(pt_row + t // PAGE, mask=tm, other=0).to(tl.int64)
+        # this tile's page ids were loaded one iteration ahead; issue the next tile's now, so
+        # its K/V loads do not wait on a page-table round trip
+        page = page_next.to(tl.int64)
+        tn = t + BLOCK_N
+        page_next = tl.load(pt_row + tn // PAGE, mask=tn < end, other=0)
         slot = t % PAGE
         km = tm[:, None] & dm[None, :]
         k = tl.load(k_base + (page * k_sp + slot * k_ss)[:, None] + d[None, :], mask=km,
                     other=0.0)
         v = tl.load(v_base + (page * v_sp + slot * v_ss)[:, None] + d[None, :], mask=km,
                     other=0.0)
-        if IEEE:
+        if KEYS_M:
+            # keys on the M side: s^T = K q^T and o^T += V^T p^T are [BLOCK_N x G] and
+            # [D x G] tensor-core dots with M = keys / head dim (wgmma on sm_90), the query
+            # heads on the narrow N side.
+            if Q_FP8:
+                st = tl.dot(k, tl.trans(q8)) * s_col[None, :] \
+                    + tl.dot(k, tl.trans(q8lo)) * s_col_lo[None, :]
+            elif FP8_ASM:
+                st = tl.dot(_fp8_to_f16(k), tl.trans(q)) * qk_scale
+            else:
+                st = tl.dot(k.to(q.dtype), tl.trans(q)) * qk_scale
+            if SOFTCAP:
+                st = softcap * _tanh(st / softcap)
+            st = tl.where(tm[:, None], st * LOG2E, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(st, 0))
+            alpha = tl.exp2(m_i - m_new)
+            pt = tl.exp2(st - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(pt, 0)
+            # V stays a 16-bit operand: an e4m3 dot would need V^T K-major (keys contiguous),
+            # a byte-wise transpose in shared memory that measured 2x slower
+            # (results/h200/attention_decode_modes_s4a.json, "q_fp8+pv_fp8")
+            if FP8_ASM:
+                acc_t = tl.dot(tl.trans(_fp8_to_f16(v)), pt.to(q.dtype), acc_t * alpha[None, :])
+            else:
+                acc_t = tl.dot(tl.trans(v.to(q.dtype)), pt.to(q.dtype), acc_t * alpha[None, :])
+            m_i = m_new
+        elif IEEE:
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee")
         elif FP8_ASM:
             s = tl.dot(q, tl.trans(_fp8_to_f16(k)))
         else:
             s = tl.dot(q, tl.trans(k.to(q.dtype)))
-        s = s * qk_scale
-        if SOFTCAP:
-            s = softcap * _tanh(s / softcap)
-        s = tl.where(tm[None, :], s * LOG2E, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        elif FP8_ASM:
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), _fp8_to_f16(v))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-        m_i = m_new
+        if not KEYS_M:
+            s = s * qk_scale
+            if SOFTCAP:
+                s = softcap * _tanh(s / softcap)
+            s = tl.where(tm[None, :], s * LOG2E, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            elif FP8_ASM:
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), _fp8_to_f16(v))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+            m_i = m_new
 
+    if KEYS_M:
+        acc = tl.trans(acc_t)
     acc = acc * v_scale
     if SPLIT:
         # Partial over this split's keys: normalised o and natural-log lse (-inf when empty).
@@ -225,8 +293,12 @@ def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_strid
 @triton.jit
 def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SINKS: tl.constexpr):
-    """One (head, request) per program: merge its split-KV partials (see _merge_head)."""
+                  SINKS: tl.constexpr, PDL: tl.constexpr = False):
+    """One (head, request) per program: merge its split-KV partials (see _merge_head).
+    PDL: launched as a programmatic dependent of the decode kernel (its launch overlaps the
+    decode); wait for the decode grid's completion and memory before reading its partials."""
+    if PDL:
+        gdc_wait()
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     sidx = tl.arange(0, BLOCK_S)
@@ -248,11 +320,13 @@ def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
 
 
 def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) per head dim: ~32 KB of K+V per pipeline stage."""
+    """(BLOCK_N, num_warps, num_stages) when no tuned entry matches. 16-bit caches: ~32 KB of
+    K+V per pipeline stage. fp8 caches (keys on the M side): 64-key tiles (one wgmma M block),
+    2 stages, the H200 sweep's best at every shape but B=1 (attention_decode_modes_ptp_s4c)."""
+    if kv_dtype.itemsize == 1:
+        return 64, 4, 2
     block_d = triton.next_power_of_2(head_dim)
-    block_n = max(16, min(128, 8192 // block_d)) if kv_dtype.itemsize == 1 \
-        else max(16, min(64, 8192 // block_d))
-    return block_n, 4, 3
+    return max(16, min(64, 8192 // block_d)), 4, 3
 
 
 TUNE_KERNEL = "attention.decode.triton"
@@ -304,9 +378,21 @@ class DecodePlan:
         self.num_stages = num_stages or tuned.get("num_stages", ns)
         num_splits = num_splits or tuned.get("num_splits")
         self.block_d = max(16, triton.next_power_of_2(head_dim))
-        self.fp8_asm = kv_dtype == torch.float8_e4m3fn and page_table.device.type == "cuda" \
-            and torch.version.hip is None
+        nvidia = dev.type == "cuda" and torch.version.hip is None
+        cc = torch.cuda.get_device_capability(dev) if nvidia else (0, 0)
+        # e4m3 -> f16 by PTX cvt (sm_89+); sm_100's software pipeliner rejects the inline asm
+        # in the keys-on-M loop (compile matrix), so it casts like the other targets
+        self.fp8_asm = kv_dtype == torch.float8_e4m3fn and nvidia and cc >= (8, 9) \
+            and cc[0] != 10
         self.block_g = max(16, triton.next_power_of_2(self.group))
+        # Kernel form: "keys_m" puts the keys on the tensor-core M side (s^T = K q^T), which
+        # an fp8 cache needs so K feeds e4m3 dots unconverted (q split hi + lo); 16-bit caches
+        # keep the query heads on M (mma.sync over 16 rows), 4-34 % faster for them (H200,
+        # results/h200/attention_decode_modes_s4a.json).
+        self.keys_m = bool(tuned.get("keys_m", kv_dtype == torch.float8_e4m3fn))
+        # The separate merge is a programmatic dependent launch (sm_90+ CUDA): its launch
+        # overlaps the decode kernel, which lets it start (griddepcontrol).
+        self.pdl = nvidia and cc[0] >= 9
         sms = platform_of(dev).num_sms if dev.type == "cuda" else 4
         self.num_splits = num_splits or choose_splits(self.batch, num_kv_heads, max_seq_len,
                                                       sms, self.block_n)
@@ -337,6 +423,8 @@ class DecodePlan:
             return o
         split = self.num_splits > 1
         scaled = k_scale is not None
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        keys_m = self.keys_m and q.dtype != torch.float32
         dummy = self.seq_lens
         po = self.partial_o if split else o
         plse = self.partial_lse if split else dummy
@@ -355,6 +443,8 @@ class DecodePlan:
             WINDOW=bool(self.window), SINKS=sinks is not None,
             IEEE=q.dtype == torch.float32, FP8_ASM=self.fp8_asm and q.dtype != torch.float32,
             FUSED_MERGE=split and self.fused_merge,
+            PDL=split and not self.fused_merge and self.pdl,
+            KEYS_M=keys_m, Q_FP8=keys_m and fp8,
             BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
             num_warps=self.num_warps,
             num_stages=self.num_stages)
@@ -363,7 +453,8 @@ class DecodePlan:
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
                 BLOCK_D=self.block_d, BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
-                SINKS=sinks is not None, num_warps=1)
+                SINKS=sinks is not None, PDL=self.pdl, num_warps=1,
+                **({"launch_pdl": True} if self.pdl else {}))
         return o
 
 
@@ -373,28 +464,48 @@ def make_plan(page_table, seq_lens, **kw) -> DecodePlan:
 
 def _cases():
     out = []
+    strides = ("q_sb", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "pt_sb",
+               "o_sb", "o_sh")  # multiples of 16 at run time (the JIT specialises them)
+    nvidia = ("sm_90", "sm_100", "sm_120")
     for kv_t, scaled, per_head in (("*bf16", False, False), ("*fp8e4nv", True, True)):
         sig = {"q_ptr": "*bf16", "k_ptr": kv_t, "v_ptr": kv_t, "pt_ptr": "*i32",
                "lens_ptr": "*i32", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "sink_ptr": "*fp32",
                "o_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32", "sem_ptr": "*i32",
                "sm_scale": "fp32",
                "softcap": "fp32", "window": "i32", "num_splits": "i32"}
-        strides = ("q_sb", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "pt_sb",
-                   "o_sb", "o_sh")  # multiples of 16 at run time (the JIT specialises them)
         sig.update({k: "i32" for k in strides})
+        fp8 = kv_t == "*fp8e4nv"
         for split in (False, True):
+            # the forms plans launch: an fp8 cache puts the keys on the M side with q split
+            # into two e4m3 terms (BLOCK_N 64, 2 stages as tuned); on NVIDIA sm_89+ except
+            # sm_100 V is converted by inline PTX (sm_100's pipeliner rejects it), elsewhere
+            # by a plain cast. A separate merge (split, not fused) is a programmatic dependent
+            # launch on NVIDIA.
             c = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=16, BLOCK_N=64, SPLIT=split,
                      SCALED=scaled, PER_HEAD=per_head, SOFTCAP=split, WINDOW=split,
-                     SINKS=not split, IEEE=False, FUSED_MERGE=split, BLOCK_S=4 if split else 2)
-            # uses_dot=False: the [16 x D] tile is below wgmma's M=64, so sm_90/sm_100 lower
-            # the dot to mma.sync (not the wgmma/tcgen05 the matrix check looks for).
-            out.append(CompileCase(_decode_kernel, sig, c, uses_dot=False, num_stages=3,
-                                   label=f"{kv_t[1:]}{'_split' if split else ''}",
-                                   aligned=strides))
+                     SINKS=not split, IEEE=False, FUSED_MERGE=False, BLOCK_S=4 if split else 2,
+                     KEYS_M=fp8, Q_FP8=fp8, FP8_ASM=False, PDL=False)
+            variants = [(c, None, "")]
+            if split:
+                variants = [(dict(c, FUSED_MERGE=True), None, "_fused"), (c, None, ""),
+                            (dict(c, PDL=True), nvidia, "_pdl")]
+            if fp8:
+                variants += [(dict(v, FP8_ASM=True), ("sm_90", "sm_120"), sfx + "_ptx")
+                             for v, _, sfx in list(variants)]
+            # uses_dot: the matrix instruction check; the 16-row form (16-bit caches) is below
+            # wgmma's M=64, so sm_90/sm_100 lower it to mma.sync, not the wgmma/tcgen05 the
+            # check looks for. The keys-on-M form (fp8) is a 64-row dot: wgmma / tcgen05.
+            for cv, targets, sfx in variants:
+                out.append(CompileCase(_decode_kernel, sig, cv, uses_dot=fp8,
+                                       num_stages=2 if fp8 else 3,
+                                       label=f"{kv_t[1:]}{'_split' if split else ''}{sfx}",
+                                       aligned=strides, targets=targets))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
-    out.append(CompileCase(_merge_kernel, msig, dict(D=128, BLOCK_D=128, BLOCK_S=16,
-                                                     SINKS=True), num_warps=1, label="merge"))
+    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False)
+    out.append(CompileCase(_merge_kernel, msig, mc, num_warps=1, label="merge"))
+    out.append(CompileCase(_merge_kernel, msig, dict(mc, PDL=True), num_warps=1,
+                           label="merge_pdl", targets=nvidia))
     return out
 
 
