@@ -85,7 +85,8 @@ def sweep_decode_modes():
     SWEEP_MODES lists "+"-joined tokens: "base" (query heads on the tensor-core M side),
     "keys_m" or "q_fp8x2" (keys on M; with an fp8 cache q is split into two e4m3 terms and K
     feeds e4m3 dots unconverted), "pdl" (the separate merge as a programmatic dependent
-    launch). SWEEP_SHAPES / SWEEP_SPLITS / SWEEP_BN /
+    launch), "fused" / "sep" (split-KV merge in the decode kernel / a separate launch; default:
+    the plan's policy). SWEEP_SHAPES / SWEEP_SPLITS / SWEEP_BN /
     SWEEP_WARPS / SWEEP_STAGES / SWEEP_FP8 narrow the grid. (Earlier JSONs also name forms
     since removed or made default: "q_fp8" one e4m3 term, "pv_fp8" p and V in e4m3, "ptp" page
     ids one tile ahead, "ef" evict_first on the K/V loads: no measurable change, dropped.)"""
@@ -133,6 +134,8 @@ def sweep_decode_modes():
                 p.block_n, p.num_warps, p.num_stages = bn, nw, st
                 p.keys_m = bool(tokens & {"keys_m", "q_fp8x2"})
                 p.pdl = "pdl" in tokens
+                if "fused" in tokens or "sep" in tokens:
+                    p.fused_merge = "fused" in tokens
                 p.pt_prefetch = "ptp" in tokens
             outs = [torch.empty_like(s["q"]) for s in sets]
             runs = [dict(p=p, s=s, o=o) for p, s, o in zip(plans, sets, outs)]

@@ -320,13 +320,16 @@ def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
 
 
 def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) when no tuned entry matches. 16-bit caches: ~32 KB of
-    K+V per pipeline stage. fp8 caches (keys on the M side): 64-key tiles (one wgmma M block),
-    2 stages, the H200 sweep's best at every shape but B=1 (attention_decode_modes_ptp_s4c)."""
+    """(BLOCK_N, num_warps, num_stages) when no tuned entry matches: 2 stages (one K/V tile in
+    flight while one is consumed). H200 (results/h200/attention_decode_modes_ptp_s4c.json):
+    with the page ids prefetched a tile ahead the K/V loads pipeline, and a third stage costs
+    a 32 KB buffer (bf16, 64 keys) that drops residency from 5 to 3 programs per SM: 2 stages
+    lead at every large shape (B=64 L=4k 250 vs 291 µs). 16-bit caches: ~32 KB of K+V per
+    stage; fp8 caches (keys on the M side): 64-key tiles, one wgmma M block."""
     if kv_dtype.itemsize == 1:
         return 64, 4, 2
     block_d = triton.next_power_of_2(head_dim)
-    return max(16, min(64, 8192 // block_d)), 4, 3
+    return max(16, min(64, 8192 // block_d)), 4, 2
 
 
 TUNE_KERNEL = "attention.decode.triton"
@@ -497,7 +500,7 @@ def _cases():
             # check looks for. The keys-on-M form (fp8) is a 64-row dot: wgmma / tcgen05.
             for cv, targets, sfx in variants:
                 out.append(CompileCase(_decode_kernel, sig, cv, uses_dot=fp8,
-                                       num_stages=2 if fp8 else 3,
+                                       num_stages=2,
                                        label=f"{kv_t[1:]}{'_split' if split else ''}{sfx}",
                                        aligned=strides, targets=targets))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
