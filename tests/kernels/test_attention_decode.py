@@ -127,3 +127,16 @@ def test_plan_validation():
         attn.decode_plan(pt, sl, num_q_heads=3, k_cache=kc)
     with pytest.raises(ValueError, match="kv_scale_mode"):
         attn.decode_plan(pt, sl, num_q_heads=4, k_cache=kc, kv_scale_mode="per_head")
+
+
+def test_plan_form_choice():
+    """fp8 caches take the keys-on-M form (q split into e4m3 terms) unless the head dim is
+    below the e4m3 dot's K = 32; 16-bit caches keep the query heads on M."""
+    pt, sl = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    for d, kv_dtype, mode, keys_m in ((64, torch.float8_e4m3fn, "per_tensor", True),
+                                      (16, torch.float8_e4m3fn, "per_tensor", False),
+                                      (64, torch.float16, None, False)):
+        kc = torch.zeros(4, 16, 2, d).to(kv_dtype)
+        plan = attn.decode_plan(pt, sl, num_q_heads=8, k_cache=kc, q_dtype=torch.float16,
+                                kv_scale_mode=mode, backend="triton")
+        assert plan.keys_m is keys_m, (d, kv_dtype)

@@ -392,7 +392,9 @@ class DecodePlan:
         # an fp8 cache needs so K feeds e4m3 dots unconverted (q split hi + lo); 16-bit caches
         # keep the query heads on M (mma.sync over 16 rows), 4-34 % faster for them (H200,
         # results/h200/attention_decode_modes_s4a.json).
-        self.keys_m = bool(tuned.get("keys_m", kv_dtype == torch.float8_e4m3fn))
+        # (e4m3 dots need K >= 32: head dims <= 16 keep the converting form)
+        self.keys_m = bool(tuned.get("keys_m", kv_dtype == torch.float8_e4m3fn
+                                     and self.block_d >= 32))
         # The separate merge is a programmatic dependent launch (sm_90+ CUDA): its launch
         # overlaps the decode kernel, which lets it start (griddepcontrol).
         self.pdl = nvidia and cc[0] >= 9
@@ -427,7 +429,7 @@ class DecodePlan:
         split = self.num_splits > 1
         scaled = k_scale is not None
         fp8 = k_cache.dtype == torch.float8_e4m3fn
-        keys_m = self.keys_m and q.dtype != torch.float32
+        keys_m = self.keys_m and q.dtype != torch.float32 and not (fp8 and self.block_d < 32)
         dummy = self.seq_lens
         po = self.partial_o if split else o
         plse = self.partial_lse if split else dummy
@@ -503,6 +505,11 @@ def _cases():
                                        num_stages=2,
                                        label=f"{kv_t[1:]}{'_split' if split else ''}{sfx}",
                                        aligned=strides, targets=targets))
+    # head dim 16 with an fp8 cache: the converting form (e4m3 dots need K >= 32)
+    out.append(CompileCase(_decode_kernel, sig, dict(c, D=16, BLOCK_D=16, KEYS_M=False,
+                                                     Q_FP8=False, SPLIT=False, SOFTCAP=False,
+                                                     WINDOW=False, FUSED_MERGE=False),
+                           num_stages=2, label="fp8e4nv_d16", aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
     mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False)
