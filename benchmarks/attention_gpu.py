@@ -23,17 +23,37 @@ def _time(fn, sets, iters=50, graph=False):
     return statistics.median(time_fn(fn, sets, "cuda", iters=iters, graph=graph))
 
 
+def _decode_shapes():
+    """The decode sweeps' (B, L) shapes; SWEEP_SHAPES="1x4096,16x4096" narrows them."""
+    if os.environ.get("SWEEP_SHAPES"):
+        return [tuple(int(x) for x in s.split("x"))
+                for s in os.environ["SWEEP_SHAPES"].split(",")]
+    return [(1, 4096), (16, 4096), (64, 4096), (16, 32768), (128, 8192)]
+
+
+def _decode_runs(sets, fp8, num_splits, configure):
+    """One plan per input set (num_splits fixed, then `configure(plan)`), output buffers, and
+    the call the timer cycles through them."""
+    import tskernels.ops.attention as attn
+    plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
+                              q_dtype=torch.bfloat16, num_splits=num_splits,
+                              kv_scale_mode="per_tensor" if fp8 else None)
+             for s in sets]
+    for p in plans:
+        configure(p)
+    runs = [dict(p=p, s=s, o=torch.empty_like(s["q"])) for p, s in zip(plans, sets)]
+    fn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
+                             k_scale=r["s"].get("ks"), v_scale=r["s"].get("vs"), out=r["o"])
+    return runs, fn
+
+
 def sweep_decode():
     """Time the decode kernel under several (num_splits, BLOCK_N, warps, stages) choices.
     SWEEP_SHAPES="1x4096,16x4096" limits the (B, L) shapes; SWEEP_OUT names the JSON."""
     from tskernels.bench.cases.attention import _decode_bytes, _make_decode
     import tskernels.ops.attention as attn
     rows = []
-    shapes = [(1, 4096), (16, 4096), (64, 4096), (16, 32768), (128, 8192)]
-    if os.environ.get("SWEEP_SHAPES"):
-        shapes = [tuple(int(x) for x in s.split("x"))
-                  for s in os.environ["SWEEP_SHAPES"].split(",")]
-    for fp8, (B, L) in itertools.product((0, 1), shapes):
+    for fp8, (B, L) in itertools.product((0, 1), _decode_shapes()):
         shape = {"B": B, "L": L, "fp8": fp8}
         gen = torch.Generator("cuda").manual_seed(0)
         nbytes = _decode_bytes(shape)
@@ -52,17 +72,9 @@ def sweep_decode():
         for ns, bn, nw, st in itertools.product(splits, (32, 64, 128), warps, stages):
             if bn == 128 and not fp8 and st == 4:
                 continue
-            plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
-                                      q_dtype=torch.bfloat16, num_splits=ns,
-                                      kv_scale_mode="per_tensor" if fp8 else None)
-                     for s in sets]
-            for p in plans:
+            def configure(p, bn=bn, nw=nw, st=st):
                 p.block_n, p.num_warps, p.num_stages = bn, nw, st
-            outs = [torch.empty_like(s["q"]) for s in sets]
-            runs = [dict(p=p, s=s, o=o) for p, s, o in zip(plans, sets, outs)]
-            fn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
-                                     k_scale=r["s"].get("ks"), v_scale=r["s"].get("vs"),
-                                     out=r["o"])
+            runs, fn = _decode_runs(sets, fp8, ns, configure)
             try:
                 us = _time(fn, runs, iters=30, graph=True)
             except Exception as e:  # out of shared memory etc.
@@ -94,14 +106,10 @@ def sweep_decode_modes():
     from tskernels.numerics import error_stats
     import tskernels.ops.attention as attn
     rows = []
-    shapes = [(1, 4096), (16, 4096), (64, 4096), (16, 32768), (128, 8192)]
-    if os.environ.get("SWEEP_SHAPES"):
-        shapes = [tuple(int(x) for x in s.split("x"))
-                  for s in os.environ["SWEEP_SHAPES"].split(",")]
     warps = tuple(int(w) for w in os.environ.get("SWEEP_WARPS", "4,8").split(","))
     stages = tuple(int(w) for w in os.environ.get("SWEEP_STAGES", "2,3,4").split(","))
     fp8s = tuple(int(w) for w in os.environ.get("SWEEP_FP8", "0,1").split(","))
-    for fp8, (B, L) in itertools.product(fp8s, shapes):
+    for fp8, (B, L) in itertools.product(fp8s, _decode_shapes()):
         shape = {"B": B, "L": L, "fp8": fp8}
         gen = torch.Generator("cuda").manual_seed(0)
         nbytes = _decode_bytes(shape)
@@ -125,26 +133,18 @@ def sweep_decode_modes():
             if fp8 or "fp8" not in m)
         best = {}
         for mode, ns, bn, nw, st in itertools.product(modes, splits, bns, warps, stages):
-            plans = [attn.decode_plan(s["pt"], s["lens"], num_q_heads=32, k_cache=s["kc"],
-                                      q_dtype=torch.bfloat16, num_splits=ns,
-                                      kv_scale_mode="per_tensor" if fp8 else None)
-                     for s in sets]
             tokens = set(mode.split("+"))
-            for p in plans:
+
+            def configure(p, bn=bn, nw=nw, st=st, tokens=tokens):
                 p.block_n, p.num_warps, p.num_stages = bn, nw, st
                 p.keys_m = bool(tokens & {"keys_m", "q_fp8x2"})
-                p.pdl = "pdl" in tokens
+                p.pdl = p.pdl and "pdl" in tokens
                 if "fused" in tokens or "sep" in tokens:
                     p.fused_merge = "fused" in tokens
-                p.pt_prefetch = "ptp" in tokens
-            outs = [torch.empty_like(s["q"]) for s in sets]
-            runs = [dict(p=p, s=s, o=o) for p, s, o in zip(plans, sets, outs)]
-            fn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
-                                     k_scale=r["s"].get("ks"), v_scale=r["s"].get("vs"),
-                                     out=r["o"])
+            runs, fn = _decode_runs(sets, fp8, ns, configure)
             try:
                 fn(runs[0])
-                err = error_stats(outs[0], ref)
+                err = error_stats(runs[0]["o"], ref)
                 us = _time(fn, runs, iters=30, graph=True)
             except Exception as e:  # out of shared memory etc.
                 print("skip", shape, mode, ns, bn, nw, st, type(e).__name__, str(e)[:80])
