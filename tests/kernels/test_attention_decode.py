@@ -140,3 +140,15 @@ def test_plan_form_choice():
         plan = attn.decode_plan(pt, sl, num_q_heads=8, k_cache=kc, q_dtype=torch.float16,
                                 kv_scale_mode=mode, backend="triton")
         assert plan.keys_m is keys_m, (d, kv_dtype)
+
+
+def test_cache_with_strided_head_dim_is_rejected():
+    """The kernels read a cache row's head_dim contiguously: a V cache laid out otherwise
+    (e.g. slots innermost) is refused with a clear error, not read wrongly."""
+    gen = torch.Generator().manual_seed(9)
+    kv = make_paged([20, 5], 16, 2, 32, torch.float16, None, "cpu", gen)
+    q = torch.randn(2, 4, 32, generator=gen).to(torch.float16)
+    v_slots_inner = kv.v_cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert torch.equal(v_slots_inner.nan_to_num(), kv.v_cache.nan_to_num())
+    with pytest.raises(ValueError, match="v_cache"):
+        attn.decode(q, kv.k_cache, v_slots_inner, kv.page_table, kv.seq_lens)

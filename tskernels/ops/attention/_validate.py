@@ -10,9 +10,11 @@ KV_DTYPES = _check.FLOAT_OR_FP64 + _check.FP8
 
 
 def kv_cache(k_cache, v_cache, *, head_dim=None, device=None):
-    _check.tensor("k_cache", k_cache, ndim=4, dtypes=KV_DTYPES, device=device)
+    # the kernels address a cache row as (page, slot, head) strides + a contiguous head_dim
+    _check.tensor("k_cache", k_cache, ndim=4, dtypes=KV_DTYPES, device=device,
+                  contiguous_last=True)
     _check.tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(k_cache.dtype,),
-                  device=k_cache.device)
+                  device=k_cache.device, contiguous_last=True)
     if head_dim is not None and k_cache.shape[3] != head_dim:
         raise ValueError(f"k_cache: head_dim {k_cache.shape[3]} != q's head_dim {head_dim}")
     return k_cache.shape  # num_pages, page_size, num_kv_heads, head_dim
