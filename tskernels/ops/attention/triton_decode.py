@@ -183,7 +183,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             l_i = l_i * alpha + tl.sum(pt, 0)
             # V stays a 16-bit operand: an e4m3 dot would need V^T K-major (keys contiguous),
             # a byte-wise transpose in shared memory that measured 2x slower
-            # (results/h200/attention_decode_modes_s4a.json, "q_fp8+pv_fp8")
+            # (results/h200/attention_decode_modes_s4a.json, "q_fp8+pv_fp8"); V pages stored
+            # slots-innermost were slower still in Triton 3.6 (..._vkm_prototype_s4j.json)
             if FP8_ASM:
                 acc_t = tl.dot(tl.trans(_fp8_to_f16(v)), pt.to(q.dtype), acc_t * alpha[None, :])
             else:
@@ -395,8 +396,9 @@ class DecodePlan:
         # (e4m3 dots need K >= 32: head dims <= 16 keep the converting form)
         self.keys_m = bool(tuned.get("keys_m", kv_dtype == torch.float8_e4m3fn
                                      and self.block_d >= 32))
-        # The separate merge is a programmatic dependent launch (sm_90+ CUDA): its launch
-        # overlaps the decode kernel, which lets it start (griddepcontrol).
+        # The separate merge is a programmatic dependent launch (sm_90+ CUDA): the decode
+        # kernel lets it launch at once (griddepcontrol.launch_dependents) and it waits for
+        # the decode grid's results (griddepcontrol.wait), so its launch latency is hidden.
         self.pdl = nvidia and cc[0] >= 9
         sms = platform_of(dev).num_sms if dev.type == "cuda" else 4
         self.num_splits = num_splits or choose_splits(self.batch, num_kv_heads, max_seq_len,
@@ -505,11 +507,11 @@ def _cases():
                                        num_stages=2,
                                        label=f"{kv_t[1:]}{'_split' if split else ''}{sfx}",
                                        aligned=strides, targets=targets))
-    # head dim 16 with an fp8 cache: the converting form (e4m3 dots need K >= 32)
-    out.append(CompileCase(_decode_kernel, sig, dict(c, D=16, BLOCK_D=16, KEYS_M=False,
-                                                     Q_FP8=False, SPLIT=False, SOFTCAP=False,
-                                                     WINDOW=False, FUSED_MERGE=False),
-                           num_stages=2, label="fp8e4nv_d16", aligned=strides))
+            if fp8 and not split:
+                # head dim 16 with an fp8 cache: the converting form (e4m3 dots need K >= 32)
+                out.append(CompileCase(_decode_kernel, sig,
+                                       dict(c, D=16, BLOCK_D=16, KEYS_M=False, Q_FP8=False),
+                                       num_stages=2, label="fp8e4nv_d16", aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
     mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False)
