@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", help="';'-separated shapes of comma-separated key=value")
     ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--iters", type=int)
-    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
+    ap.add_argument("--graph", action="store_true",
+                    help="time CUDA-graph replays (>= 8 calls captured back to back per graph, "
+                         "cycling the input sets; time per call)")
     ap.add_argument("--compare", default="all",
                     help="baselines to time: 'all', 'none' or comma-separated names")
     ap.add_argument("--backend", help="force our backend (e.g. triton); default: selected")
