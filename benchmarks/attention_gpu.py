@@ -47,23 +47,35 @@ def _decode_runs(sets, fp8, num_splits, configure):
     return runs, fn
 
 
+def _decode_sets(shape):
+    """Input sets for one decode shape (up to 8, ~256 MB rotated past L2), the bytes one call
+    reads, fp32 SDPA of set 0 on its contiguous K/V (the accuracy reference) and the plan a
+    caller would get (its split count)."""
+    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
+    import tskernels.ops.attention as attn
+    gen = torch.Generator("cuda").manual_seed(0)
+    nbytes = _decode_bytes(shape)
+    sets = [_make_decode(shape, "cuda", gen)
+            for _ in range(max(1, min(8, (256 << 20) // nbytes)))]
+    s0 = sets[0]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        s0["q"].float().unsqueeze(2), s0["kcont"].float(), s0["vcont"].float(),
+        enable_gqa=True).squeeze(2)
+    for s in sets:
+        del s["kcont"], s["vcont"]
+    auto = attn.decode_plan(s0["pt"], s0["lens"], num_q_heads=32, k_cache=s0["kc"],
+                            q_dtype=torch.bfloat16,
+                            kv_scale_mode="per_tensor" if shape["fp8"] else None)
+    return sets, nbytes, ref, auto
+
+
 def sweep_decode():
     """Time the decode kernel under several (num_splits, BLOCK_N, warps, stages) choices.
     SWEEP_SHAPES="1x4096,16x4096" limits the (B, L) shapes; SWEEP_OUT names the JSON."""
-    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
-    import tskernels.ops.attention as attn
     rows = []
     for fp8, (B, L) in itertools.product((0, 1), _decode_shapes()):
         shape = {"B": B, "L": L, "fp8": fp8}
-        gen = torch.Generator("cuda").manual_seed(0)
-        nbytes = _decode_bytes(shape)
-        n_sets = max(1, min(8, (256 << 20) // nbytes))
-        sets = [_make_decode(shape, "cuda", gen) for _ in range(n_sets)]
-        for s in sets:
-            del s["kcont"], s["vcont"]
-        auto = attn.decode_plan(sets[0]["pt"], sets[0]["lens"], num_q_heads=32,
-                                k_cache=sets[0]["kc"], q_dtype=torch.bfloat16,
-                                kv_scale_mode="per_tensor" if fp8 else None)
+        sets, nbytes, _, auto = _decode_sets(shape)
         splits = sorted({auto.num_splits, max(1, auto.num_splits // 2), auto.num_splits * 2,
                          *((16, 32, 64) if B == 1 else (2, 4, 6, 8) if B <= 16 else ())})
         best = None
@@ -102,28 +114,14 @@ def sweep_decode_modes():
     SWEEP_WARPS / SWEEP_STAGES / SWEEP_FP8 narrow the grid. (Earlier JSONs also name forms
     since removed or made default: "q_fp8" one e4m3 term, "pv_fp8" p and V in e4m3, "ptp" page
     ids one tile ahead, "ef" evict_first on the K/V loads: no measurable change, dropped.)"""
-    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
     from tskernels.numerics import error_stats
-    import tskernels.ops.attention as attn
     rows = []
     warps = tuple(int(w) for w in os.environ.get("SWEEP_WARPS", "4,8").split(","))
     stages = tuple(int(w) for w in os.environ.get("SWEEP_STAGES", "2,3,4").split(","))
     fp8s = tuple(int(w) for w in os.environ.get("SWEEP_FP8", "0,1").split(","))
     for fp8, (B, L) in itertools.product(fp8s, _decode_shapes()):
         shape = {"B": B, "L": L, "fp8": fp8}
-        gen = torch.Generator("cuda").manual_seed(0)
-        nbytes = _decode_bytes(shape)
-        n_sets = max(1, min(8, (256 << 20) // nbytes))
-        sets = [_make_decode(shape, "cuda", gen) for _ in range(n_sets)]
-        s0 = sets[0]
-        kref, vref = s0["kcont"].float(), s0["vcont"].float()
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            s0["q"].float().unsqueeze(2), kref, vref, enable_gqa=True).squeeze(2)
-        for s in sets:
-            del s["kcont"], s["vcont"]
-        auto = attn.decode_plan(s0["pt"], s0["lens"], num_q_heads=32, k_cache=s0["kc"],
-                                q_dtype=torch.bfloat16,
-                                kv_scale_mode="per_tensor" if fp8 else None)
+        sets, nbytes, ref, auto = _decode_sets(shape)
         splits = sorted({auto.num_splits, *((16, 32) if B == 1 else (4,) if B <= 16 else ())})
         if os.environ.get("SWEEP_SPLITS"):
             splits = [int(x) for x in os.environ["SWEEP_SPLITS"].split(",")]

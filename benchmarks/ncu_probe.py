@@ -28,6 +28,8 @@ def main(which: str) -> None:
         # NCU_DECODE="keys_m=1,q_fp8=2": plan attributes of a kernel form to profile
         for kv in filter(None, os.environ.get("NCU_DECODE", "").split(",")):
             key, val = kv.split("=")
+            if not hasattr(d["plan"], key):
+                raise SystemExit(f"NCU_DECODE: the decode plan has no attribute {key!r}")
             setattr(d["plan"], key, int(val))
         run = lambda: A._ours_decode(d)  # noqa: E731
     elif which == "extend":

@@ -116,21 +116,16 @@ class AttentionState:
         nd = self.num_decode_tokens
         if self.extend is None:
             return self.decode.run(q, kc, vc, k_scale=s, v_scale=s)
-        # the new tokens' own K/V as well (same values as just stored): the extend kernel reads
-        # them contiguously and only the cached prefix through the page table
-        new = dict(k=k[nd:], v=v[nd:]) if self._contiguous_kv(k, v, kc) else {}
+        # the new tokens' own K/V as well (same values as just stored; a 16-bit / fp32 cache
+        # holds them unquantised): the extend kernel reads them contiguously and only the
+        # cached prefix through the page table
+        new = {} if p.fp8 else dict(k=k[nd:], v=v[nd:])
         if self.decode is None:
             return self.extend.run(q, kc, vc, k_scale=s, v_scale=s, **new)
         o = torch.empty_like(q)
         self.decode.run(q[:nd], kc, vc, k_scale=s, v_scale=s, out=o[:nd])
         self.extend.run(q[nd:], kc, vc, k_scale=s, v_scale=s, out=o[nd:], **new)
         return o
-
-    @staticmethod
-    def _contiguous_kv(k, v, kc) -> bool:
-        d = kc.shape[-1]
-        return (kc.dtype == k.dtype == v.dtype and kc.dtype.itemsize >= 2
-                and all(t.stride(2) == 1 and t.stride(1) == d for t in (k, v)))
 
     def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor, scale: float,
                     kv_lora_rank: int) -> torch.Tensor:
