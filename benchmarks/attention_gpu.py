@@ -113,7 +113,8 @@ def sweep_decode_modes():
     the plan's policy). SWEEP_SHAPES / SWEEP_SPLITS / SWEEP_BN /
     SWEEP_WARPS / SWEEP_STAGES / SWEEP_FP8 narrow the grid. (Earlier JSONs also name forms
     since removed or made default: "q_fp8" one e4m3 term, "pv_fp8" p and V in e4m3, "ptp" page
-    ids one tile ahead, "ef" evict_first on the K/V loads: no measurable change, dropped.)"""
+    ids one tile ahead, "ef" evict_first on the K/V loads: no measurable change, dropped;
+    "vpf" V tiles loaded one iteration ahead into registers by hand: 1.5x slower, dropped.)"""
     from tskernels.numerics import error_stats
     rows = []
     warps = tuple(int(w) for w in os.environ.get("SWEEP_WARPS", "4,8").split(","))
@@ -240,22 +241,38 @@ def sweep_extend():
 
 
 def sweep_mla():
-    """MLA decode launch configs (rows per program, keys per step, warps, stages)."""
+    """MLA decode launch configs. SWEEP_MLA_SHAPES="HxBxLxfp8,..." (default 128x64x4096x0,
+    128x16x32768x0, 128x64x4096x1, 16x64x4096x0, 16x128x32768x0, 16x64x4096x1) and
+    SWEEP_MLA_CFGS="RxNxWxSxK,..." (rows per program, keys per step, warps, stages, fp8 latents
+    converted by PTX 0/1; "d" = the plan's default; session-5 JSONs also have a 6th field,
+    tiles prefetched into registers by hand, measured slower or equal and dropped);
+    SWEEP_SPLITS="0,8" adds split counts (0 = the plan's)."""
     from tskernels.bench.cases.mla import _bytes, _make, _prepare, _torch_bmm
+    from tskernels.ops.mla.triton import MLAPlan
+    shapes = os.environ.get("SWEEP_MLA_SHAPES", "128x64x4096x0,128x16x32768x0,128x64x4096x1,"
+                            "16x64x4096x0,16x128x32768x0,16x64x4096x1")
+    cfgs = os.environ.get("SWEEP_MLA_CFGS", "d,64x64x8x2x0,64x64x8x2x1,16x64x4x2x1,16x64x8x2x1,"
+                          "16x32x4x3x1,16x64x8x2x0,16x32x4x3x0,32x64x8x2x1")
+    splits = [int(x) for x in os.environ.get("SWEEP_SPLITS", "0").split(",")]
     rows = []
-    for shape in ({"B": 64, "L": 4096, "fp8": 0}, {"B": 16, "L": 32768, "fp8": 0},
-                  {"B": 64, "L": 4096, "fp8": 1}):
+    for spec in shapes.split(","):
+        h, b, l, f = (int(x) for x in spec.split("x"))
+        shape = {"B": b, "L": l, "fp8": f, "H": h}
         gen = torch.Generator("cuda").manual_seed(0)
         d = _prepare(_make(shape, "cuda", gen))
         ref = _torch_bmm(d).float()
-        for cfg in ((64, 32, 8, 2), (64, 16, 8, 2), (32, 32, 8, 2), (32, 32, 4, 2),
-                    (64, 32, 8, 3), (16, 64, 4, 3), (64, 64, 8, 2), (128, 16, 8, 2)):
+        for cfg, ns in itertools.product(cfgs.split(","), splits):
             p = d["plan"]
-            from tskernels.ops.mla.triton import MLAPlan
-            p = MLAPlan(p.qo_indptr, d["pt"], d["lens"], num_heads=128, kv_lora_rank=512,
-                        rope_dim=64, page_size=64, scale=p.scale, causal=False,
-                        max_new_tokens=1, block_r=cfg[0], block_n=cfg[1], num_warps=cfg[2],
-                        num_stages=cfg[3])
+            kw = {}
+            if cfg != "d":
+                r, n, w, st, asm = (int(x) for x in cfg.split("x"))
+                kw = dict(block_r=r, block_n=n, num_warps=w, num_stages=st, fp8_asm=bool(asm))
+            if ns:
+                kw["num_splits"] = ns
+            if kw:
+                p = MLAPlan(p.qo_indptr, d["pt"], d["lens"], num_heads=h, kv_lora_rank=512,
+                            rope_dim=64, page_size=64, scale=p.scale, causal=False,
+                            max_new_tokens=1, kv_dtype=d["cache"].dtype, **kw)
             try:
                 o = p.run(d["q"], d["cache"], kv_scale=d.get("scale")).float()
                 err = ((o - ref).norm() / ref.norm()).item()
@@ -265,12 +282,85 @@ def sweep_mla():
                 print("skip", shape, cfg, type(e).__name__, str(e)[:100])
                 continue
             rows.append(dict(shape=shape, cfg=cfg, splits=p.num_splits, us=us, err=err,
+                             cfg_used=[p.block_r, p.block_n, p.num_warps, p.num_stages,
+                                       int(p.fp8_asm)],
                              tbps=_bytes(shape) / us / 1e6))
             print("MLA", rows[-1], flush=True)
         del d
         torch.cuda.empty_cache()
     with open(f"{OUT}/mla_decode_sweep.json", "w") as f:
         json.dump(rows, f, indent=1)
+    print(f"{'shape':>22} {'cfg':>14} {'splits':>6} {'us':>9} {'TB/s':>6} {'err':>8}")
+    for r in rows:
+        s = r["shape"]
+        print(f"{s['H']}h B{s['B']} L{s['L']} fp8={s['fp8']:>1} {r['cfg']:>14} {r['splits']:>6} "
+              f"{r['us']:9.1f} {r['tbps']:6.2f} {r['err']:8.1e}")
+
+
+def sweep_cuda():
+    """The CUDA fp8 decode (tskernels/ops/attention/cuda_decode.py) against the Triton fp8 and
+    bf16 decodes, side by side, graph replay. SWEEP_SHAPES narrows the (B, L) shapes;
+    SWEEP_CUDA="WxS,..." (warps x stages) and SWEEP_SPLITS (0 = the plan's) the launches;
+    SWEEP_LAYOUT=hnd stores every cache [page, head, slot, dim] (same logical shape, strided)."""
+    from tskernels.numerics import error_stats
+    from tskernels.ops.attention.cuda_decode import CudaDecodePlan
+    import tskernels.ops.attention as attn
+    cfgs = [tuple(int(x) for x in c.split("x"))
+            for c in os.environ.get("SWEEP_CUDA", "4x3,4x2,2x4,8x2,4x4").split(",")]
+    splits = [int(x) for x in os.environ.get("SWEEP_SPLITS", "0").split(",")]
+    rows = []
+    for B, L in _decode_shapes():
+        res = {}
+        for fp8 in (0, 1):
+            shape = {"B": B, "L": L, "fp8": fp8}
+            sets, nbytes, ref, auto = _decode_sets(shape)
+            if os.environ.get("SWEEP_LAYOUT") == "hnd":  # each head's page slots contiguous
+                for st_ in sets:
+                    for k in ("kc", "vc"):
+                        st_[k] = st_[k].permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+            runs, fn = _decode_runs(sets, fp8, auto.num_splits, lambda p: None)
+            us = _time(fn, runs, iters=30, graph=True)
+            res["triton_bf16" if not fp8 else "triton_fp8"] = us
+            rows.append(dict(shape=shape, kernel="triton", splits=auto.num_splits, us=us,
+                             tbps=nbytes / us / 1e6))
+            if not fp8:
+                del sets, runs
+                torch.cuda.empty_cache()
+                continue
+            for (nw, st), ns in itertools.product(cfgs, splits):
+                try:
+                    plans = [CudaDecodePlan(s["pt"], s["lens"], num_q_heads=32, num_kv_heads=8,
+                                            head_dim=128, page_size=s["kc"].shape[1],
+                                            q_dtype=torch.bfloat16, kv_dtype=s["kc"].dtype,
+                                            scale=128 ** -0.5, num_splits=ns or None,
+                                            num_warps=nw, num_stages=st) for s in sets]
+                    cr = [dict(p=p, s=s, o=torch.empty_like(s["q"]))
+                          for p, s in zip(plans, sets)]
+                    cfn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
+                                               k_scale=r["s"]["ks"], v_scale=r["s"]["vs"],
+                                               out=r["o"])
+                    cfn(cr[0])
+                    err = error_stats(cr[0]["o"], ref)
+                    us = _time(cfn, cr, iters=30, graph=True)
+                except Exception as e:
+                    print("skip cuda", shape, nw, st, ns, type(e).__name__, str(e)[:300])
+                    continue
+                row = dict(shape=shape, kernel=f"cuda {nw}w{st}s", splits=plans[0].num_splits,
+                           us=us, tbps=nbytes / us / 1e6, rel_rms=err.rel_rms)
+                rows.append(row)
+                if us < res.get("cuda", (1e30,))[0]:
+                    res["cuda"] = (us, row["kernel"], row["splits"], err.rel_rms)
+            del sets, runs
+            torch.cuda.empty_cache()
+        if "cuda" in res:
+            c = res["cuda"]
+            print(f"CUDA B={B:3d} L={L:5d}: bf16 triton {res['triton_bf16']:8.1f} us, fp8 triton "
+                  f"{res['triton_fp8']:8.1f}, fp8 cuda {c[0]:8.1f} ({c[1]} ns={c[2]} "
+                  f"rms={c[3]:.1e}) -> fp8 cuda vs bf16 {res['triton_bf16'] / c[0]:.2f}x, vs "
+                  f"fp8 triton {res['triton_fp8'] / c[0]:.2f}x", flush=True)
+        with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_cuda.json')}",
+                  "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 def bench(ops):
@@ -296,6 +386,8 @@ if __name__ == "__main__":
         merge_policy()
     elif stage == "sweep_extend":
         sweep_extend()
+    elif stage == "sweep_cuda":
+        sweep_cuda()
     elif stage == "sweep_mla":
         sweep_mla()
     elif stage == "bench":

@@ -51,10 +51,11 @@ def _make_decode(shape, device, gen):
 def _prepare_decode(d):
     d = dict(d)
     fp8 = d["kc"].dtype == FP8
-    for name in ("plan", "plan_separate_merge"):
+    for name, backend in (("plan", None), ("plan_separate_merge", None),
+                          ("plan_triton", "triton")):
         d[name] = attn.decode_plan(d["pt"], d["lens"], num_q_heads=HQ, k_cache=d["kc"],
                                    q_dtype=DT, kv_scale_mode="per_tensor" if fp8 else None,
-                                   max_seq_len=d["pt"].shape[1] * PAGE)
+                                   max_seq_len=d["pt"].shape[1] * PAGE, backend=backend)
     if hasattr(d["plan_separate_merge"], "fused_merge"):
         d["plan_separate_merge"].fused_merge = False
     d["out"] = torch.empty_like(d["q"])
@@ -94,7 +95,10 @@ register_bench(Bench(
     baselines={"torch_sdpa_contiguous": _sdpa_contiguous_decode,
                "naive_paged": _naive_paged_decode,
                # ours with split-KV partials merged by a second launch (the previous design)
-               "tskernels_separate_merge": lambda d: _ours_decode(d, "plan_separate_merge")},
+               "tskernels_separate_merge": lambda d: _ours_decode(d, "plan_separate_merge"),
+               # the Triton decode side by side (ours is the CUDA kernel where the registry
+               # selects it: fp8 caches on sm_89+)
+               "tskernels_triton": lambda d: _ours_decode(d, "plan_triton")},
     bytes=_decode_bytes, flops=lambda s: 4 * s["B"] * HQ * s["L"] * D,
     prepare=_prepare_decode, cpu_shapes=[{"B": 2, "L": 256, "fp8": 0}]))
 

@@ -13,8 +13,8 @@ import torch
 from ... import _check
 from ...registry import fmt, select
 from . import _validate as _v
-from . import (reference, torch_cpu, triton_decode, triton_extend,  # noqa: F401
-               triton_merge, triton_store)  # (register backends)
+from . import (cuda_decode, reference, torch_cpu, triton_decode,  # noqa: F401
+               triton_extend, triton_merge, triton_store)  # (register backends)
 
 
 def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

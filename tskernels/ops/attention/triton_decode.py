@@ -499,19 +499,19 @@ def _cases():
             if fp8:
                 variants += [(dict(v, FP8_ASM=True), ("sm_90", "sm_120"), sfx + "_ptx")
                              for v, _, sfx in list(variants)]
-            # uses_dot: the matrix instruction check; the 16-row form (16-bit caches) is below
-            # wgmma's M=64, so sm_90/sm_100 lower it to mma.sync, not the wgmma/tcgen05 the
-            # check looks for. The keys-on-M form (fp8) is a 64-row dot: wgmma / tcgen05.
+            # the 16-row form (16-bit caches) is below wgmma's M=64: sm_90/sm_100 lower it to
+            # mma.sync (narrow_dot). The keys-on-M form (fp8) is a 64-row dot: wgmma / tcgen05.
             for cv, targets, sfx in variants:
-                out.append(CompileCase(_decode_kernel, sig, cv, uses_dot=fp8,
-                                       num_stages=2,
+                out.append(CompileCase(_decode_kernel, sig, cv, uses_dot=True,
+                                       narrow_dot=not fp8, num_stages=2,
                                        label=f"{kv_t[1:]}{'_split' if split else ''}{sfx}",
                                        aligned=strides, targets=targets))
             if fp8 and not split:
                 # head dim 16 with an fp8 cache: the converting form (e4m3 dots need K >= 32)
                 out.append(CompileCase(_decode_kernel, sig,
                                        dict(c, D=16, BLOCK_D=16, KEYS_M=False, Q_FP8=False),
-                                       num_stages=2, label="fp8e4nv_d16", aligned=strides))
+                                       num_stages=2, uses_dot=True, narrow_dot=True,
+                                       label="fp8e4nv_d16", aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
     mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False)

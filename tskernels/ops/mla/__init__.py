@@ -84,7 +84,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_heads: 
     kern = select("mla", "decode", backend=backend, **prob)
     kw = dict(num_heads=num_heads, kv_lora_rank=kv_lora_rank, scale=scale,
               rope_dim=kv_cache.shape[2] - kv_lora_rank, page_size=kv_cache.shape[1],
-              max_seq_len=max_seq_len)
+              max_seq_len=max_seq_len, kv_dtype=kv_cache.dtype)
     if num_splits is not None:
         kw["num_splits"] = num_splits
     return kern.fn.make_plan(page_table, seq_lens, **kw)

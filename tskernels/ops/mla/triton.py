@@ -19,7 +19,7 @@ from ...compile import CompileCase
 from ...platform import platform_of
 from ...registry import register
 from .._common import TRITON
-from ..attention.triton_decode import LN2, LOG2E, _merge_kernel
+from ..attention.triton_decode import LN2, LOG2E, _fp8_to_f16, _merge_kernel
 
 
 @triton.jit
@@ -27,7 +27,8 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
                 sm_scale, num_splits, H, q_st, q_sh, kv_sp, kv_ss, pt_sb, o_st, o_sh,
                 DC: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                SCALED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+                SCALED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                FP8_ASM: tl.constexpr = False):
     split = tl.program_id(0)
     rb = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -53,6 +54,12 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
     qrow = (q_start + tok).to(tl.int64) * q_st + h * q_sh
     qc = tl.load(q_ptr + qrow[:, None] + dc[None, :], mask=rm[:, None], other=0.0)
     qr = tl.load(q_ptr + qrow[:, None] + DC + dr[None, :], mask=rm[:, None], other=0.0)
+    if FP8_ASM:
+        # fp8 latents: e4m3 -> fp16 is one PTX cvt per pair (to bf16 it takes two steps and
+        # Triton's generic cast is slower still), so both dots run in fp16; e4m3 values are
+        # exact in fp16, q is rounded to fp16 (finer than bf16; |q| < 65504 assumed)
+        qc = qc.to(tl.float16)
+        qr = qr.to(tl.float16)
     qk_scale = sm_scale * LOG2E
     v_scale = 1.0
     if SCALED:
@@ -70,7 +77,11 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
         base = page * kv_sp + (j % PAGE) * kv_ss
         kc = tl.load(kv_ptr + base[:, None] + dc[None, :], mask=jm[:, None], other=0.0)
         kr = tl.load(kv_ptr + base[:, None] + DC + dr[None, :], mask=jm[:, None], other=0.0)
-        kc = kc.to(qc.dtype)
+        if FP8_ASM:
+            kc = _fp8_to_f16(kc)
+            kr = _fp8_to_f16(kr)
+        else:
+            kc = kc.to(qc.dtype)
         if IEEE:
             s = tl.dot(qc, tl.trans(kc), input_precision="ieee")
             s = tl.dot(qr, tl.trans(kr.to(qr.dtype)), s, input_precision="ieee")
@@ -114,7 +125,8 @@ class MLAPlan:
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim,
                  page_size, scale, causal, max_seq_len=None, num_splits=None, block_r=None,
-                 block_n=None, num_warps=None, num_stages=None, max_new_tokens=None):
+                 block_n=None, num_warps=None, num_stages=None, max_new_tokens=None,
+                 fp8_asm=None, kv_dtype=None):
         self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
         self.H, self.dc, self.dr, self.page_size = num_heads, kv_lora_rank, rope_dim, page_size
         self.scale, self.causal = scale, causal
@@ -122,9 +134,23 @@ class MLAPlan:
         gpu = dev.type == "cuda"
         self.block_r = block_r or (min(64, max(16, triton.next_power_of_2(num_heads))) if gpu
                                    else 16)
-        self.block_n = block_n or (64 if gpu else 16)  # H200 sweep: best of 16/32/64
-        self.num_warps = num_warps or (8 if gpu else 4)
-        self.num_stages = num_stages or (2 if gpu else 1)
+        fp8 = kv_dtype == torch.float8_e4m3fn
+        nvidia = gpu and torch.version.hip is None
+        cc = torch.cuda.get_device_capability(dev) if nvidia else (0, 0)
+        # Launch configs from the H200 sweeps (results/h200/mla_decode_sweep*.json). Up to 16
+        # heads the rows are one 16-row mma.sync and the kernel is bound by the latent reads:
+        # 16-bit latents stream 128-key tiles with 8 warps (B=64, L=4k: 111 vs 137 us with the
+        # 64-key default), fp8 latents 32-key tiles with 4 warps, 3 stages, converted by PTX
+        # (116 vs 156 us). More heads: 64-key tiles, 8 warps (the [rows x 512] accumulator).
+        small = nvidia and self.block_r <= 16  # measured on NVIDIA only
+        bn, nw, ns = ((32, 4, 3) if fp8 else (128, 8, 2)) if small else (64, 8, 2)
+        self.block_n = block_n or (bn if gpu else 16)
+        self.num_warps = num_warps or (nw if gpu else 4)
+        self.num_stages = num_stages or (ns if gpu else 1)
+        # fp8 latents only, and only in the 16-row form (with 64 rows the extra fp16 tile
+        # spills: 559 vs 503 us at 128 heads); sm_100's software pipeliner rejects the asm
+        self.fp8_asm = fp8_asm if fp8_asm is not None else \
+            cc >= (8, 9) and cc[0] != 10 and self.block_r <= 16
         B = page_table.shape[0]
         if max_new_tokens is None:
             max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
@@ -134,8 +160,11 @@ class MLAPlan:
         sms = platform_of(dev).num_sms if gpu else 4
         if num_splits is None:
             base = max(1, B * self.row_blocks)
-            num_splits = max(1, min(triton.cdiv(2 * sms, base),
-                                    triton.cdiv(max(max_seq_len, 1), 256), 64))
+            # about two programs per SM; the 16-row configs round down so the last wave is
+            # not a sliver (one or two programs fit per SM: B=64 -> 4 splits, 111 vs 131 us
+            # at 5)
+            per = 2 * sms // base if small else triton.cdiv(2 * sms, base)
+            num_splits = max(1, min(per, triton.cdiv(max(max_seq_len, 1), 256), 64))
         self.num_splits = num_splits
         self.batch = B
         if num_splits > 1:
@@ -162,7 +191,9 @@ class MLAPlan:
             kv_cache.stride(0), kv_cache.stride(1), self.page_table.stride(0), o.stride(0),
             o.stride(1), DC=self.dc, DR=self.dr, PAGE=self.page_size, BLOCK_R=self.block_r,
             BLOCK_N=self.block_n, SPLIT=split, SCALED=kv_scale is not None,
-            CAUSAL=self.causal, IEEE=q.dtype == torch.float32, num_warps=self.num_warps,
+            CAUSAL=self.causal, IEEE=q.dtype == torch.float32,
+            FP8_ASM=self.fp8_asm and kv_cache.dtype == torch.float8_e4m3fn
+            and q.dtype != torch.float32, num_warps=self.num_warps,
             num_stages=self.num_stages)
         if split:
             _merge_kernel[(self.H, T)](
@@ -182,11 +213,24 @@ def _cases():
         strides = ("q_st", "q_sh", "kv_sp", "kv_ss", "pt_sb", "o_st", "o_sh")
         sig.update({k: "i32" for k in strides})  # multiples of 16 at run time (JIT-specialised)
         fp8 = kv_t != "*bf16"
-        # the GPU launch config of MLAPlan (BLOCK_R 64, BLOCK_N 64, 8 warps, 2 stages)
+        # MLAPlan's GPU launch configs: 64 rows (BLOCK_N 64, 8 warps, 2 stages) for many
+        # heads; 16 rows for <= 16 heads (16-bit: BLOCK_N 128, 8 warps; fp8: BLOCK_N 32,
+        # 4 warps, 3 stages, PTX conversion where the plan uses it; NVIDIA only), lowered to
+        # mma.sync
         c = dict(DC=512, DR=64, PAGE=64, BLOCK_R=64, BLOCK_N=64, SPLIT=fp8, SCALED=fp8,
                  CAUSAL=fp8, IEEE=False)
         out.append(CompileCase(_mla_kernel, sig, c, num_warps=8, num_stages=2, uses_dot=True,
                                label=kv_t[1:], aligned=strides))
+        small = dict(c, BLOCK_R=16, BLOCK_N=32 if fp8 else 128, SPLIT=True, CAUSAL=False)
+        nw, ns = (4, 3) if fp8 else (8, 2)
+        out.append(CompileCase(_mla_kernel, sig, small, num_warps=nw, num_stages=ns,
+                               uses_dot=True, narrow_dot=True, label=kv_t[1:] + "_16rows",
+                               aligned=strides, targets=("sm_90", "sm_100", "sm_120")))
+        if fp8:
+            out.append(CompileCase(_mla_kernel, sig, dict(small, FP8_ASM=True), num_warps=nw,
+                                   num_stages=ns, uses_dot=True, narrow_dot=True,
+                                   label=kv_t[1:] + "_16rows_ptx", aligned=strides,
+                                   targets=("sm_90", "sm_120")))
     return out
 
 
@@ -201,6 +245,7 @@ TRAITS = {"kv_lora_rank": _pow2, "rope_dim": _pow2, "page_size": lambda p: 1 <= 
 
 def _plan(q, kv_cache, qo_indptr, page_table, seq_lens, scale, causal, kv_lora_rank, **kw):
     return MLAPlan(qo_indptr, page_table, seq_lens, num_heads=q.shape[1],
+                   kv_dtype=kv_cache.dtype,
                    kv_lora_rank=kv_lora_rank, rope_dim=kv_cache.shape[-1] - kv_lora_rank,
                    page_size=kv_cache.shape[1], scale=scale, causal=causal, **kw)
 
