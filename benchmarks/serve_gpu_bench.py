@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32, 64])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     a = ap.parse_args()
 
     from serve.engine import Engine
@@ -115,7 +116,7 @@ def main() -> None:
     t = time.perf_counter()
     engine = Engine(a.model, device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
                     max_model_len=1024, num_kv_pages=8192,
-                    cuda_graphs=not a.no_graphs)
+                    cuda_graphs=not a.no_graphs, kv_cache_dtype=a.kv_cache_dtype)
     load_s = time.perf_counter() - t
     graphs = engine.runner.graphs is not None
     print(f"engine ready in {load_s:.1f}s, CUDA graphs: {graphs}", flush=True)
@@ -124,6 +125,7 @@ def main() -> None:
     out = dict(command="python " + " ".join(sys.argv),
                date=datetime.date.today().isoformat(), device=dev_name,
                torch=torch.__version__, model=a.model, prompt_len=PROMPT_LEN,
+               kv_cache_dtype=a.kv_cache_dtype,
                new_tokens=a.new_tokens, cuda_graphs=graphs, load_s=load_s,
                speed_of_light_ms=16.06e9 / 4.3e12 * 1e3, rows=rows)
 

@@ -1,6 +1,8 @@
 """GPU tier: a decode step replayed from a CUDA graph computes the logits the eager forward
-computes for the same plan (and their argmax as its greedy ids), for batch sizes that hit an exact graph, a padded graph and several graphs in
-one run (the graphs' plans and split-KV workspaces must outlive the capture loop)."""
+computes for the same plan (and their argmax as its greedy ids), for batch sizes that hit an
+exact graph, a padded graph and several graphs in one run (the graphs' plans and split-KV
+workspaces must outlive the capture loop); and the same with an fp8 KV cache on a head-dim-128
+model, where decode attention is the CUDA kernel (attention.decode.cuda) inside the graphs."""
 from __future__ import annotations
 
 import pytest
@@ -22,8 +24,42 @@ def engine():
     return eng
 
 
+@pytest.fixture(scope="module")
+def engine_fp8(tmp_path_factory):
+    import json
+
+    from serve.engine import Engine
+
+    # llama-shaped, head dim 128 (512 / 4 heads), GQA 2: the CUDA fp8 decode's traits
+    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=512,
+               intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=512, rms_norm_eps=1e-5, hidden_act="silu",
+               bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
+    path = tmp_path_factory.mktemp("cfg") / "config.json"
+    path.write_text(json.dumps(cfg))
+    eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", max_num_seqs=8,
+                 max_model_len=512, num_kv_pages=256, page_size=16, kv_cache_dtype="fp8_e4m3")
+    assert eng.runner.graphs is not None, "CUDA graph capture failed (see the log)"
+    return eng
+
+
 @pytest.mark.parametrize("batch", [1, 3, 16, 21])
 def test_graph_replay_matches_eager_forward(engine, batch):
+    _check_graphs(engine, batch)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_graph_replay_fp8_cache_cuda_decode(engine_fp8, batch):
+    import tskernels
+    k = tskernels.select("attention", "decode", device="cuda",
+                         formats={"q": "bf16", "kv": "fp8_e4m3:per_tensor"},
+                         traits={"head_dim": 128, "page_size": 16, "gqa": 2, "softcap": False,
+                                 "sliding_window": False, "sinks": False})
+    assert k.backend == "cuda", k.name
+    _check_graphs(engine_fp8, batch)
+
+
+def _check_graphs(engine, batch):
     from serve.engine import SamplingParams
 
     runner, graphs = engine.runner, engine.runner.graphs
