@@ -119,6 +119,9 @@ class KernelSpec:
     compile_cases: Callable[[], list] | None = None
     description: str = ""
     opt_in: bool = False  # never auto-selected: runs only when named (backend=, use_backend)
+    # problem traits the kernel is auto-selected for (where it was measured ahead of the
+    # alternatives); a named request runs it on any problem its `traits` accept
+    prefer: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -152,13 +155,15 @@ def register(family: str, op: str, *, backend: str, capability: Capability = ANY
              tags: Collection[str] = (), compiled: Collection[str] = (),
              interpreter: bool = False, run_verified: Collection[str] = (),
              compile_cases: Callable[[], list] | None = None, description: str = "",
-             opt_in: bool = False):
+             opt_in: bool = False, prefer: Mapping[str, Any] | None = None):
     """Decorator registering `fn` as the `backend` implementation of `family.op`.
 
     compiled: targets the compile matrix must build it for (checked in CI). run_verified: targets
     it is run-verified on besides those recorded in verified.json (references pass "cpu").
     opt_in: the kernel is never auto-selected, only run when named (a narrower or differently
-    rounded variant an engine chooses deliberately).
+    rounded variant an engine chooses deliberately). prefer: trait predicates that must also
+    hold for auto-selection (the problems it was measured faster on); a named request only
+    checks `traits`.
     """
     if band not in BANDS:
         raise ValueError(f"band must be one of {BANDS}, got {band!r}")
@@ -171,7 +176,8 @@ def register(family: str, op: str, *, backend: str, capability: Capability = ANY
             band, priority, frozenset(tags),
             Verification(frozenset(run_verified) | _RUN_RECORDS.get(name, frozenset()),
                          frozenset(compiled), interpreter),
-            compile_cases, description or (fn.__doc__ or "").strip().split("\n")[0], opt_in)
+            compile_cases, description or (fn.__doc__ or "").strip().split("\n")[0], opt_in,
+            dict(prefer or {}))
         add(spec)
         return fn
 
@@ -213,6 +219,9 @@ def _filter_reason(k: KernelSpec, p: Platform, formats: Mapping[str, str],
     for name, value in traits.items():
         if value is not None and name in k.traits and not _trait_ok(k.traits[name], value):
             return f"trait {name}={value!r} unsupported"
+        if not named and value is not None and name in k.prefer and \
+                not _trait_ok(k.prefer[name], value):
+            return f"trait {name}={value!r} outside the problems it is preferred for"
     if objective == "deterministic" and "deterministic" not in k.tags:
         return "objective 'deterministic': kernel is not tagged deterministic"
     if objective == "portable" and k.band != "reference" and \

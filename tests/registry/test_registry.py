@@ -67,6 +67,23 @@ def test_ranking_filters_and_objectives(toy):
                             objective="deterministic").backend == "reference"
 
 
+def test_prefer_limits_auto_selection_not_named_requests(toy):
+    """`prefer` predicates gate auto-selection only: outside them the next kernel wins, and a
+    named request still runs the kernel (its `traits` accept the problem)."""
+    _on(H200)
+    registry.register("toy", "op", backend="cuda_big", band="plugin", run_verified=("sm_90",),
+                      traits={"batch": lambda b: b >= 1},
+                      prefer={"batch": lambda b: b >= 64})(lambda x: ("cuda_big", x))
+    assert tskernels.select("toy", "op", traits={"batch": 128}).backend == "cuda_big"
+    assert tskernels.select("toy", "op", traits={"batch": 2}).backend == "cuda_sm90"
+    assert tskernels.select("toy", "op", traits={"batch": 2}, backend="cuda_big").backend \
+        == "cuda_big"
+    assert "outside the problems it is preferred for" in tskernels.explain(
+        "toy", "op", traits={"batch": 2}, file=False)
+    with pytest.raises(SelectionError, match="unsupported"):
+        tskernels.select("toy", "op", traits={"batch": 0}, backend="cuda_big")
+
+
 def test_unverified_kernel_never_auto_selected(toy):
     _on(B200)  # cuda_sm100 is compile-verified only; triton is not run-verified on sm_100
     assert tskernels.select("toy", "op").backend == "reference"

@@ -30,15 +30,16 @@ def engine_fp8(tmp_path_factory):
 
     from serve.engine import Engine
 
-    # llama-shaped, head dim 128 (512 / 4 heads), GQA 2: the CUDA fp8 decode's traits
-    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=512,
-               intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=512, rms_norm_eps=1e-5, hidden_act="silu",
+    # llama-shaped, head dim 128 (1024 / 8 heads), 8 KV heads: the CUDA fp8 decode's traits,
+    # and auto-selected from 8 requests (64 request x KV-head pairs) up
+    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=1024,
+               intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+               num_key_value_heads=8, vocab_size=512, rms_norm_eps=1e-5, hidden_act="silu",
                bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_text(json.dumps(cfg))
-    eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", max_num_seqs=8,
-                 max_model_len=512, num_kv_pages=256, page_size=16, kv_cache_dtype="fp8_e4m3")
+    eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", max_num_seqs=12,
+                 max_model_len=512, num_kv_pages=512, page_size=16, kv_cache_dtype="fp8_e4m3")
     assert eng.runner.graphs is not None, "CUDA graph capture failed (see the log)"
     return eng
 
@@ -48,14 +49,18 @@ def test_graph_replay_matches_eager_forward(engine, batch):
     _check_graphs(engine, batch)
 
 
-@pytest.mark.parametrize("batch", [1, 5])
-def test_graph_replay_fp8_cache_cuda_decode(engine_fp8, batch):
+@pytest.mark.parametrize("batch", [1, 8, 11])
+def test_graph_replay_fp8_cache(engine_fp8, batch):
+    """fp8 KV: below 64 (request, KV head) pairs the Triton fp8 decode runs in the graphs,
+    from 64 up the CUDA one (attention.decode.cuda); both against the eager forward."""
     import tskernels
-    k = tskernels.select("attention", "decode", device="cuda",
-                         formats={"q": "bf16", "kv": "fp8_e4m3:per_tensor"},
-                         traits={"head_dim": 128, "page_size": 16, "gqa": 2, "softcap": False,
-                                 "sliding_window": False, "sinks": False})
-    assert k.backend == "cuda", k.name
+    traits = {"head_dim": 128, "page_size": 16, "gqa": 1, "softcap": False,
+              "sliding_window": False, "sinks": False}
+    fmts = {"q": "bf16", "kv": "fp8_e4m3:per_tensor"}
+    want = "cuda" if batch * 8 >= 64 else "triton"
+    k = tskernels.select("attention", "decode", device="cuda", formats=fmts,
+                         traits={**traits, "kv_programs": batch * 8})
+    assert k.backend == want, k.name
     _check_graphs(engine_fp8, batch)
 
 

@@ -61,7 +61,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     B, hq, d = q.shape
     prob = _v.query_problem(q, k_cache, v_cache, page_table, seq_lens, B, softcap=softcap,
                            sliding_window=sliding_window, sinks=sinks, k_scale=k_scale,
-                           v_scale=v_scale)
+                           v_scale=v_scale, decode=True)
     return select("attention", "decode", backend=backend, **prob)(
         q, k_cache, v_cache, page_table, seq_lens, scale=scale or d ** -0.5,
         sliding_window=sliding_window, softcap=softcap, sinks=sinks, k_scale=k_scale,
@@ -97,7 +97,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads
     _v.gqa(num_q_heads, hkv)
     _v.paged(page_table, seq_lens, B, k_cache.device)
     kern = _select_planned("decode", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
-                           sinks, kv_scale_mode, backend)
+                           sinks, kv_scale_mode, backend, batch=B)
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, page_size=page_size,
               q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
               sliding_window=sliding_window, softcap=softcap, max_seq_len=max_seq_len)
@@ -165,7 +165,7 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
 
 
 def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, sinks,
-                    kv_scale_mode, backend):
+                    kv_scale_mode, backend, batch=None):
     _, page_size, hkv, d = k_cache.shape
     if (k_cache.dtype in _check.FP8) != (kv_scale_mode is not None):
         raise ValueError("kv_scale_mode: give 'per_tensor' or 'per_head' exactly when the "
@@ -173,7 +173,7 @@ def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, 
     kv = fmt(k_cache.dtype) + (f":{kv_scale_mode}" if kv_scale_mode else "")
     return select("attention", op, device=k_cache.device, formats={"q": fmt(q_dtype), "kv": kv},
                   traits={"head_dim": d, "page_size": page_size, "gqa": num_q_heads // hkv,
-                          "softcap": softcap is not None,
+                          "kv_programs": None if batch is None else batch * hkv, "softcap": softcap is not None,
                           "sliding_window": sliding_window is not None, "sinks": sinks},
                   backend=backend)
 

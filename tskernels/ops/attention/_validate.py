@@ -52,11 +52,13 @@ def options(q_heads, softcap, sliding_window, sinks, device):
     _check.optional("sinks", sinks, shape=(q_heads,), dtypes=(torch.float32,), device=device)
 
 
-def problem(q, k_cache, scale_mode, *, softcap, sliding_window, sinks):
+def problem(q, k_cache, scale_mode, *, softcap, sliding_window, sinks, decode=False):
     num_pages, page_size, hkv, d = k_cache.shape
     kv = fmt(k_cache.dtype) + (f":{scale_mode}" if scale_mode else "")
     return dict(device=q.device, formats={"q": fmt(q.dtype), "kv": kv},
                 traits={"head_dim": d, "page_size": page_size, "gqa": q.shape[-2] // hkv,
+                        # (request, KV head) pairs of a decode batch (q [B, Hq, D])
+                        "kv_programs": q.shape[0] * hkv if decode else None,
                         "softcap": softcap is not None, "sliding_window": sliding_window is not None,
                         "sinks": sinks is not None})
 
@@ -68,7 +70,7 @@ def gqa(q_heads, kv_heads):
 
 
 def query_problem(q, k_cache, v_cache, page_table, seq_lens, batch, *, softcap, sliding_window,
-                  sinks, k_scale, v_scale):
+                  sinks, k_scale, v_scale, decode=False):
     """Every check of a decode/extend call against its paged cache; returns select()'s problem."""
     hq, d = q.shape[1], q.shape[2]
     kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
@@ -76,7 +78,8 @@ def query_problem(q, k_cache, v_cache, page_table, seq_lens, batch, *, softcap, 
     paged(page_table, seq_lens, batch, q.device)
     options(hq, softcap, sliding_window, sinks, q.device)
     mode = scales(k_cache, k_scale, v_scale)
-    return problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window, sinks=sinks)
+    return problem(q, k_cache, mode, softcap=softcap, sliding_window=sliding_window, sinks=sinks,
+                   decode=decode)
 
 
 def new_kv(k, v, num_rows, k_cache):

@@ -198,11 +198,18 @@ TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "page_size": lambda p: 1 <= p <= 
           "sliding_window": lambda x: not x, "sinks": lambda x: not x}
 
 
+# Auto-selected from 64 (request, KV head) pairs up: at B=1 (8 pairs) the Triton fp8 kernel is
+# ahead (10.1 vs 13.1 us at L=4k; the CTA's fixed costs dominate 128-key splits), at B=16 (128
+# pairs) this one (46.2 vs 55.2 us; results/h200/attention_decode_cuda_small_s5e.json). The
+# threshold between is not measured. Named (backend="cuda"), it runs any batch.
+PREFER = {"kv_programs": lambda n: n >= 64}
+
+
 @register("attention", "decode", backend="cuda",
           capability=Capability(vendors=frozenset({"nvidia"}), min_sm=89),
           formats={"q": ("fp16", "bf16"), "kv": ("fp8_e4m3:per_tensor", "fp8_e4m3:per_head")},
           traits=TRAITS, band="specialized", tags=("deterministic", "latency", "throughput"),
-          compiled=("sm_90", "sm_100", "sm_120"))
+          compiled=("sm_90", "sm_100", "sm_120"), prefer=PREFER)
 def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale, sliding_window=None,
            softcap=None, sinks=None, k_scale=None, v_scale=None):
     """CUDA paged GQA decode over an fp8 cache (e4m3 warp MMAs, K and V unconverted)."""
