@@ -54,6 +54,7 @@ class Capability:
     vendors: platforms it runs on ("cpu", "nvidia", "amd"). min_sm/max_sm: inclusive NVIDIA SM
     range. gfx: allowed AMD archs (None = any). features: required hardware features (see
     `platform`). interpretable: runs on CPU tensors under TRITON_INTERPRET=1 (tests only).
+    modules: Python packages it needs at run time (checked without importing them).
     """
 
     vendors: frozenset[str] = frozenset({"cpu", "nvidia", "amd"})
@@ -62,6 +63,9 @@ class Capability:
     gfx: frozenset[str] | None = None
     features: frozenset[str] = frozenset()
     interpretable: bool = False
+    # Python packages the backend needs at run time (e.g. CuPy to compile and launch CUDA
+    # sources): without them it is not selectable, rather than failing when called
+    modules: frozenset[str] = frozenset()
 
     def mismatch(self, p: Platform) -> str | None:
         """Why this capability does not fit platform `p`, or None when it does."""
@@ -79,7 +83,18 @@ class Capability:
         missing = self.features - p.features
         if missing and p.vendor != "cpu":
             return f"missing features {sorted(missing)}"
+        absent = sorted(m for m in self.modules if not _module_available(m))
+        if absent:
+            return f"needs the Python package(s) {absent}, not installed"
         return None
+
+
+def _module_available(name: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 ANY_DEVICE = Capability()

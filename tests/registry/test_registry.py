@@ -84,6 +84,18 @@ def test_prefer_limits_auto_selection_not_named_requests(toy):
         tskernels.select("toy", "op", traits={"batch": 0}, backend="cuda_big")
 
 
+def test_missing_python_module_makes_a_kernel_unselectable(toy):
+    _on(H200)
+    registry.register("toy", "op", backend="needs_mod", band="plugin", run_verified=("sm_90",),
+                      capability=Capability(frozenset({"nvidia"}),
+                                            modules=frozenset({"surely_not_installed_mod"})))(
+        lambda x: ("needs_mod", x))
+    assert tskernels.select("toy", "op").backend == "cuda_sm90"
+    assert "surely_not_installed_mod" in tskernels.explain("toy", "op", file=False)
+    with pytest.raises(SelectionError, match="not installed"):
+        tskernels.select("toy", "op", backend="needs_mod")
+
+
 def test_unverified_kernel_never_auto_selected(toy):
     _on(B200)  # cuda_sm100 is compile-verified only; triton is not run-verified on sm_100
     assert tskernels.select("toy", "op").backend == "reference"

@@ -206,7 +206,8 @@ PREFER = {"kv_programs": lambda n: n >= 64}
 
 
 @register("attention", "decode", backend="cuda",
-          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=89),
+          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=89,
+                                modules=frozenset({"cupy"})),
           formats={"q": ("fp16", "bf16"), "kv": ("fp8_e4m3:per_tensor", "fp8_e4m3:per_head")},
           traits=TRAITS, band="specialized", tags=("deterministic", "latency", "throughput"),
           compiled=("sm_90", "sm_100", "sm_120"), prefer=PREFER)
