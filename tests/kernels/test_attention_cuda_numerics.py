@@ -100,3 +100,33 @@ def test_cuda_decode_arithmetic_matches_reference(c):
     o = model_decode(q, kv, 128 ** -0.5)
     truth, same = ref_decode(q, kv, k_scale=kv.k_scale, v_scale=kv.v_scale)
     assert_close(o, truth, baseline=same, name=f"cuda decode arithmetic {c}")
+
+
+def test_cuda_run_argument_checks():
+    """The CUDA plan's host-side checks (run before any launch), on CPU tensors: valid
+    arguments pass, each broken one gets a clear ValueError."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from tskernels.ops.attention.cuda_decode import check_run_args
+    plan = SimpleNamespace(q_dtype=torch.bfloat16, batch=2, hq=8, d=128, hkv=2, page_size=16)
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16)
+    kc = torch.zeros(5, 16, 2, 128, dtype=FP8)
+    vc = torch.zeros(5, 16, 2, 128, dtype=FP8)
+    one, per_head = torch.ones(1), torch.ones(2)
+    ok = dict(q=q, k_cache=kc, v_cache=vc, sinks=None, k_scale=one, v_scale=one, out=None)
+    check_run_args(plan, **ok)
+    check_run_args(plan, **{**ok, "k_scale": per_head, "v_scale": per_head,
+                            "out": torch.empty_like(q)})
+    bad = [({"sinks": torch.zeros(8)}, "sinks"), ({"k_scale": None}, "required"),
+           ({"q": q.half()}, "planned for"), ({"v_cache": vc.float()}, "planned for"),
+           ({"q": q[:1]}, "q must be"), ({"out": torch.empty(2, 8, 128)}, "out must be"),
+           ({"k_cache": kc[:, :8]}, "k_cache must be"),
+           ({"v_cache": torch.zeros(5, 16, 2, 136, dtype=FP8)[..., :128]}, "16-byte"),
+           ({"k_scale": one.double()}, "k_scale must be"),
+           ({"v_scale": torch.ones(3)}, "v_scale must be"),
+           ({"k_scale": per_head}, "both be per-tensor or per-head")]
+    for change, match in bad:
+        with pytest.raises(ValueError, match=match):
+            check_run_args(plan, **{**ok, **change})

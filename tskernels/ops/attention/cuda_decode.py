@@ -146,17 +146,7 @@ class CudaDecodePlan:
 
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
         """q [B, Hq, 128] -> o [B, Hq, 128] (into `out` when given)."""
-        if sinks is not None:
-            raise ValueError("CUDA decode: attention sinks are not supported")
-        if k_scale is None or v_scale is None:
-            raise ValueError("CUDA decode: k_scale and v_scale are required (fp8 cache)")
-        if q.dtype != self.q_dtype or k_cache.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"CUDA decode: planned for q {self.q_dtype} and an fp8 cache, got "
-                             f"{q.dtype} / {k_cache.dtype}")
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if t.data_ptr() % 16 or any(s % 16 for s in t.stride()[:3]) or t.stride(3) != 1:
-                raise ValueError(f"CUDA decode: {name} rows must be 16-byte aligned "
-                                 f"(strides {tuple(t.stride())})")
+        check_run_args(self, q, k_cache, v_cache, sinks, k_scale, v_scale, out)
         per_head = k_scale.numel() > 1
         B = self.batch
         o = torch.empty_like(q) if out is None else out
@@ -187,6 +177,41 @@ class CudaDecodePlan:
                 BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)), SINKS=False,
                 PDL=self.pdl, num_warps=1, **({"launch_pdl": True} if self.pdl else {}))
         return o
+
+
+def check_run_args(plan, q, k_cache, v_cache, sinks, k_scale, v_scale, out) -> None:
+    """Everything `run` relies on that the kernel cannot check (host-side, no sync): shapes and
+    dtypes against the plan, 16-byte aligned cache rows, float32 scales on the device."""
+    if sinks is not None:
+        raise ValueError("CUDA decode: attention sinks are not supported")
+    if k_scale is None or v_scale is None:
+        raise ValueError("CUDA decode: k_scale and v_scale are required (fp8 cache)")
+    if q.dtype != plan.q_dtype or k_cache.dtype != torch.float8_e4m3fn or \
+            v_cache.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"CUDA decode: planned for q {plan.q_dtype} and an fp8 cache, got "
+                         f"{q.dtype} / {k_cache.dtype} / {v_cache.dtype}")
+    want = (plan.batch, plan.hq, plan.d)
+    if tuple(q.shape) != want or q.stride(2) != 1:
+        raise ValueError(f"CUDA decode: q must be {want} with a contiguous last dim, got "
+                         f"{tuple(q.shape)} strides {tuple(q.stride())}")
+    if out is not None and (tuple(out.shape) != want or out.dtype != q.dtype or
+                            out.stride(2) != 1 or out.device != q.device):
+        raise ValueError(f"CUDA decode: out must be {want} {q.dtype} on {q.device} with a "
+                         f"contiguous last dim, got {tuple(out.shape)} {out.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or t.shape[2] != plan.hkv or t.shape[3] != plan.d or \
+                t.shape[1] != plan.page_size or t.device != q.device:
+            raise ValueError(f"CUDA decode: {name} must be [pages, {plan.page_size}, "
+                             f"{plan.hkv}, {plan.d}] on {q.device}, got {tuple(t.shape)}")
+        if t.data_ptr() % 16 or any(s % 16 for s in t.stride()[:3]) or t.stride(3) != 1:
+            raise ValueError(f"CUDA decode: {name} rows must be 16-byte aligned "
+                             f"(strides {tuple(t.stride())})")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t.dtype != torch.float32 or t.device != q.device or t.numel() not in (1, plan.hkv):
+            raise ValueError(f"CUDA decode: {name} must be float32 [1] or [{plan.hkv}] on "
+                             f"{q.device}, got {t.dtype} {tuple(t.shape)}")
+    if k_scale.numel() != v_scale.numel():
+        raise ValueError("CUDA decode: k_scale and v_scale must both be per-tensor or per-head")
 
 
 def make_plan(page_table, seq_lens, **kw) -> CudaDecodePlan:
