@@ -149,8 +149,10 @@ class MLAPlan:
         self.num_stages = num_stages or (ns if gpu else 1)
         # fp8 latents only, and only in the 16-row form (with 64 rows the extra fp16 tile
         # spills: 559 vs 503 us at 128 heads); sm_100's software pipeliner rejects the asm
+        # (a plan made without kv_dtype never uses it: its launch config is the 16-bit one,
+        # whose shared memory the converted fp8 tile would overflow)
         self.fp8_asm = fp8_asm if fp8_asm is not None else \
-            cc >= (8, 9) and cc[0] != 10 and self.block_r <= 16
+            fp8 and cc >= (8, 9) and cc[0] != 10 and self.block_r <= 16
         B = page_table.shape[0]
         if max_new_tokens is None:
             max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
