@@ -141,7 +141,8 @@ class MLAPlan:
         # heads the rows are one 16-row mma.sync and the kernel is bound by the latent reads:
         # 16-bit latents stream 128-key tiles with 8 warps (B=64, L=4k: 111 vs 137 us with the
         # 64-key default), fp8 latents 32-key tiles with 4 warps, 3 stages, converted by PTX
-        # (116 vs 156 us). More heads: 64-key tiles, 8 warps (the [rows x 512] accumulator).
+        # (122 us; Triton's cast at the former config: 239). More heads: 64-key tiles, 8 warps
+        # (the [rows x 512] accumulator).
         small = nvidia and self.block_r <= 16  # measured on NVIDIA only
         bn, nw, ns = ((32, 4, 3) if fp8 else (128, 8, 2)) if small else (64, 8, 2)
         self.block_n = block_n or (bn if gpu else 16)
