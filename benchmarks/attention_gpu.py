@@ -304,7 +304,6 @@ def sweep_cuda():
     SWEEP_LAYOUT=hnd stores every cache [page, head, slot, dim] (same logical shape, strided)."""
     from tskernels.numerics import error_stats
     from tskernels.ops.attention.cuda_decode import CudaDecodePlan
-    import tskernels.ops.attention as attn
     cfgs = [tuple(int(x) for x in c.split("x"))
             for c in os.environ.get("SWEEP_CUDA", "4x3,4x2,2x4,8x2,4x4").split(",")]
     splits = [int(x) for x in os.environ.get("SWEEP_SPLITS", "0").split(",")]

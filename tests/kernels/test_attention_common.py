@@ -46,3 +46,16 @@ def ref_decode(q, kv, **kw):
 
 def ref_extend(q, kv, qo_indptr, **kw):
     return references(ref.extend, q, kv, qo_indptr, **kw)
+
+
+def capture_graph(run) -> torch.cuda.CUDAGraph:
+    """Warm `run` up on a side stream (compiles kernels outside the capture), then capture it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    return g

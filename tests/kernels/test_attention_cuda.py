@@ -17,9 +17,9 @@ from tskernels.testing import strategies as tst
 from tskernels.testing.problems import poisoned_like
 
 try:  # tests/kernels as a package or as a plain directory on sys.path
-    from .test_attention_common import make_paged, ref_decode
+    from .test_attention_common import capture_graph, make_paged, ref_decode
 except ImportError:
-    from test_attention_common import make_paged, ref_decode
+    from test_attention_common import capture_graph, make_paged, ref_decode
 
 pytestmark = pytest.mark.gpu
 HAS_CUDA = torch.cuda.is_available()
@@ -91,14 +91,7 @@ def test_cuda_decode_graph_replay():
     out = torch.empty_like(q)
     run = lambda: plan.run(q, kv.k_cache, kv.v_cache, k_scale=kv.k_scale,  # noqa: E731
                            v_scale=kv.v_scale, out=out)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_graph(run)
     for step in range(3):
         q.copy_(torch.randn(q.shape, generator=gen).to("cuda", q.dtype))
         kv.seq_lens.copy_(torch.tensor([700 - step, 33 - step, 1500 - 2 * step, 1],

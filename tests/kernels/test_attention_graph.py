@@ -8,24 +8,11 @@ import tskernels.ops.attention as attn
 from tskernels.numerics import assert_close
 
 try:
-    from .test_attention_common import make_paged, ref_decode
+    from .test_attention_common import capture_graph, make_paged, ref_decode
 except ImportError:
-    from test_attention_common import make_paged, ref_decode
+    from test_attention_common import capture_graph, make_paged, ref_decode
 
 pytestmark = pytest.mark.gpu
-
-
-def _capture(run) -> torch.cuda.CUDAGraph:
-    """Warm `run` up on a side stream (compiles kernels outside the capture), then capture it."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    return g
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -44,7 +31,7 @@ def test_decode_graph_replay(kv_mode, lens):
                             kv_scale_mode=kv_mode, backend="triton")
     run = lambda: plan.run(q, kv.k_cache, kv.v_cache, sinks=sinks,  # noqa: E731
                            k_scale=kv.k_scale, v_scale=kv.v_scale, out=out)
-    g = _capture(run)
+    g = capture_graph(run)
     for step in range(3):
         # New query, new cache contents, shorter lengths (pages stay valid): same buffers.
         q.copy_(torch.randn(B, hq, 128, generator=gen).to(dev, dt))
@@ -82,7 +69,7 @@ def test_mla_decode_graph_replay(heads, lens):
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=heads, kv_cache=cache,
                            scale=scale, q_dtype=dt, backend="triton")
     run = lambda: plan.run(q, cache, out=out)  # noqa: E731
-    g = _capture(run)
+    g = capture_graph(run)
     for step in range(3):
         q.copy_(torch.randn(B, heads, 576, generator=gen).to(dev, dt))
         fresh = paged_kv(lens, 64, 1, 576, dtype=dt, device=dev, gen=gen)

@@ -23,7 +23,7 @@ import triton
 
 from ...platform import platform_of
 from ...registry import Capability, register
-from .triton_decode import _merge_kernel, choose_splits
+from .triton_decode import _merge_kernel, choose_splits, plan_args
 
 SOURCE = Path(__file__).with_name("cuda") / "decode_fp8.cu"
 HEAD_DIM = 128
@@ -239,10 +239,8 @@ PREFER = {"kv_programs": lambda n: n >= 64}
 def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale, sliding_window=None,
            softcap=None, sinks=None, k_scale=None, v_scale=None):
     """CUDA paged GQA decode over an fp8 cache (e4m3 warp MMAs, K and V unconverted)."""
-    plan = CudaDecodePlan(page_table, seq_lens, num_q_heads=q.shape[1],
-                          num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
-                          page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
-                          scale=scale, sliding_window=sliding_window, softcap=softcap)
+    plan = CudaDecodePlan(page_table, seq_lens,
+                          **plan_args(q, k_cache, scale, sliding_window, softcap))
     return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
 
 

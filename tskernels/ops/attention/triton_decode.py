@@ -465,6 +465,13 @@ class DecodePlan:
         return o
 
 
+def plan_args(q, k_cache, scale, sliding_window, softcap) -> dict:
+    """A decode plan's keyword arguments for a one-off call (the registered `decode`s)."""
+    return dict(num_q_heads=q.shape[1], num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
+                page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
+                scale=scale, sliding_window=sliding_window, softcap=softcap)
+
+
 def make_plan(page_table, seq_lens, **kw) -> DecodePlan:
     return DecodePlan(page_table, seq_lens, **kw)
 
@@ -533,10 +540,8 @@ def _decode_traits():
 def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale, sliding_window=None,
            softcap=None, sinks=None, k_scale=None, v_scale=None):
     """Triton paged GQA decode, split-KV planned per call (use decode_plan to reuse)."""
-    plan = DecodePlan(page_table, seq_lens, num_q_heads=q.shape[1],
-                      num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
-                      page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
-                      scale=scale, sliding_window=sliding_window, softcap=softcap)
+    plan = DecodePlan(page_table, seq_lens,
+                      **plan_args(q, k_cache, scale, sliding_window, softcap))
     return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
 
 
