@@ -362,6 +362,112 @@ def sweep_cuda():
             json.dump(rows, f, indent=1)
 
 
+def _extend_ref(q, k, v, counts, scale):
+    """Causal attention per request in fp32 (no prefix): the check for the CUDA prefill."""
+    out, s0 = [], 0
+    g = q.shape[1] // k.shape[1]
+    for n in counts:
+        qi = q[s0:s0 + n].float().transpose(0, 1)
+        ki = k[s0:s0 + n].float().transpose(0, 1).repeat_interleave(g, 0)
+        vi = v[s0:s0 + n].float().transpose(0, 1).repeat_interleave(g, 0)
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            qi, ki, vi, is_causal=True, scale=scale).transpose(0, 1))
+        s0 += n
+    return torch.cat(out)
+
+
+def cuda_extend():
+    """The CUDA (wgmma) prefill: ragged-batch / GQA / fp16 checks against an fp32 reference,
+    then timed side by side with SDPA (contiguous) and the Triton extend at 4k / 16k prefill.
+    CUDA_EXTEND_SHAPES="4096,16384" (new tokens, no prefix)."""
+    from tskernels.ops.attention import cuda_extend as ce
+    from tskernels.bench.cases.attention import (_extend_flops, _make_extend, _prepare_extend,
+                                                 _sdpa_extend)
+    rows = []
+    checks = [([1, 63, 64, 65, 127, 128, 129, 300, 1000], 32, 8, torch.bfloat16),
+              ([17, 256, 513], 4, 4, torch.float16), ([2048], 16, 2, torch.bfloat16),
+              ([5, 700], 8, 1, torch.float16)]
+    for counts, hq, hkv, dt in checks:
+        gen = torch.Generator("cuda").manual_seed(1)
+        T = sum(counts)
+        q = torch.randn(T, hq + 2, 128, device="cuda", dtype=dt, generator=gen)[:, 1:hq + 1]
+        k = torch.randn(T, hkv, 128, device="cuda", dtype=dt, generator=gen)
+        v = torch.randn(T, hkv, 128, device="cuda", dtype=dt, generator=gen)
+        qo = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32,
+                          device="cuda")
+        lens = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        kc = torch.empty(1, 16, hkv, 128, device="cuda", dtype=dt)
+        plan = ce.CudaExtendPlan(qo, torch.zeros(len(counts), 1, dtype=torch.int32,
+                                                 device="cuda"), lens, num_q_heads=hq,
+                                 num_kv_heads=hkv, head_dim=128, page_size=16, q_dtype=dt,
+                                 kv_dtype=dt, scale=128 ** -0.5)
+        out = torch.full((T, hq, 128), float("nan"), device="cuda", dtype=dt)
+        plan.run(q, kc, kc, k=k, v=v, out=out)
+        ref = _extend_ref(q, k, v, counts, 128 ** -0.5)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        mx = (out.float() - ref).abs().max().item()
+        rows.append(dict(check=dict(counts=counts, hq=hq, hkv=hkv, dtype=str(dt)), rel_err=err,
+                         max_abs=mx, nan=bool(out.isnan().any())))
+        print(f"CHECK counts={counts} hq={hq} hkv={hkv} {dt}: rel {err:.2e} max {mx:.2e} "
+              f"nan={rows[-1]['nan']}", flush=True)
+    for N in (int(x) for x in os.environ.get("CUDA_EXTEND_SHAPES", "4096,16384").split(",")):
+        shape = {"N": N, "P": 0}
+        gen = torch.Generator("cuda").manual_seed(0)
+        d = _prepare_extend(_make_extend(shape, "cuda", gen))
+        ref = _sdpa_extend(d, d["kcont"], d["vcont"])[0].transpose(0, 1).float()
+        cplan = ce.CudaExtendPlan(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
+                                  head_dim=128, page_size=16, q_dtype=torch.bfloat16,
+                                  kv_dtype=torch.bfloat16, scale=128 ** -0.5)
+        kw = dict(k=d["knew"], v=d["vnew"])
+        variants = {"default": cplan}
+        for var in filter(None, os.environ.get("CUDA_EXTEND_VARIANTS", "").split(";")):
+            # "EAGER_RESCALE", "STAGES=2,BN=64": -D options / launch configs of experiments
+            opts = dict(x.split("=") for x in var.split(",") if x.startswith(("STAGES=", "BN=")))
+            defs = [x for x in var.split(",") if not x.startswith(("STAGES=", "BN="))]
+            st, bn = int(opts.get("STAGES", ce.STAGES)), int(opts.get("BN", ce.BLOCK_N))
+            variants[var] = ce.CudaExtendPlan(
+                d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                page_size=16, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                scale=128 ** -0.5, stages=st, block_n=bn, extra=tuple(f"-D{x}" for x in defs))
+        # rounds of every variant in turn (CUDA_EXTEND_ROUNDS): a long run heats the GPU and
+        # lowers its clock, so a variant timed later in a single pass reads slower
+        for rnd in range(int(os.environ.get("CUDA_EXTEND_ROUNDS", "1")) if len(variants) > 1
+                         else 0):
+            for var, vp in variants.items():
+                o = vp.run(d["q"], d["kc"], d["vc"], **kw).float()
+                verr = ((o - ref).norm() / ref.norm()).item()
+                us = _time(lambda d, vp=vp: vp.run(d["q"], d["kc"], d["vc"], out=d["out"], **kw),
+                           [d], iters=20)
+                rows.append(dict(shape=shape, variant=var, round=rnd, us=us, err=verr,
+                                 tflops=_extend_flops(shape) / us / 1e6))
+                print(f"VARIANT N={N} r{rnd} {var:24s} {us:9.1f} us "
+                      f"{rows[-1]['tflops']:5.0f} TFLOP/s err {verr:.1e}", flush=True)
+        o = cplan.run(d["q"], d["kc"], d["vc"], **kw).float()
+        err = ((o - ref).norm() / ref.norm()).item()
+        flops = _extend_flops(shape)
+        t = {}
+        for name, fn in (("sdpa", lambda d: _sdpa_extend(d, d["kcont"], d["vcont"])),
+                         ("triton", lambda d: d["plan"].run(d["q"], d["kc"], d["vc"],
+                                                            out=d["out"], **kw)),
+                         ("cuda", lambda d: cplan.run(d["q"], d["kc"], d["vc"], out=d["out"],
+                                                      **kw)),
+                         ("sdpa2", lambda d: _sdpa_extend(d, d["kcont"], d["vcont"]))):
+            t[name] = _time(fn, [d], iters=20)
+        rows.append(dict(shape=shape, us=t, err_cuda=err,
+                         tflops={k_: flops / u / 1e6 for k_, u in t.items()},
+                         cuda_vs_sdpa=min(t["sdpa"], t["sdpa2"]) / t["cuda"],
+                         triton_vs_sdpa=min(t["sdpa"], t["sdpa2"]) / t["triton"]))
+        r = rows[-1]
+        print(f"PREFILL N={N}: sdpa {t['sdpa']:.1f}/{t['sdpa2']:.1f} us, triton {t['triton']:.1f}, "
+              f"cuda {t['cuda']:.1f} ({r['tflops']['cuda']:.0f} TFLOP/s, err {err:.1e}) -> "
+              f"cuda/sdpa x{r['cuda_vs_sdpa']:.3f}, triton/sdpa x{r['triton_vs_sdpa']:.3f}",
+              flush=True)
+        del d
+        torch.cuda.empty_cache()
+    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_extend_cuda.json')}", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def bench(ops):
     from tskernels.bench.core import run_bench
     for spec in ops:  # "decode" (both modes), "extend:plain" or "mla.decode:graph"
@@ -387,6 +493,8 @@ if __name__ == "__main__":
         sweep_extend()
     elif stage == "sweep_cuda":
         sweep_cuda()
+    elif stage == "cuda_extend":
+        cuda_extend()
     elif stage == "sweep_mla":
         sweep_mla()
     elif stage == "bench":

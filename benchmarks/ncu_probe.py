@@ -4,6 +4,7 @@ twice (the first launch compiles and warms up; profile the second with --launch-
     ncu --clock-control none --kernel-name regex:'_decode_kernel|_extend_kernel|_mla_kernel' \\
         --launch-skip 1 --launch-count 1 --section SpeedOfLight ... \\
         python benchmarks/ncu_probe.py decode_fp8      # decode_bf16 | extend | mla
+                                                       # | extend_cuda (prefill_wgmma_kernel)
 
 Problems: decode B=128 L=8192 (bf16 or fp8 per-tensor KV; GQA 32/8, d128, page 16), extend
 16384 new tokens causal with their own K/V (tensor descriptors), MLA decode B=64 L=4096.
@@ -36,6 +37,22 @@ def main(which: str) -> None:
         d = A._prepare_extend(A._make_extend({"N": 16384, "P": 0}, "cuda", gen))
         run = lambda: d["plan"].run(d["q"], d["kc"], d["vc"], out=d["out"],  # noqa: E731
                                     k=d["knew"], v=d["vnew"])
+    elif which == "extend_cuda":  # the CUDA (wgmma) prefill, 4096 new tokens
+        from tskernels.ops.attention import cuda_extend as ce
+        d = A._make_extend({"N": 4096, "P": 0}, "cuda", gen)
+        # NCU_EXTEND="STAGES=3,PRODUCER_NOINC": launch config / -D options of the CUDA source
+        opts = [x for x in os.environ.get("NCU_EXTEND", "").split(",") if x]
+        kv = dict(x.split("=") for x in opts if x.startswith(("STAGES=", "BN=")))
+        plan = ce.CudaExtendPlan(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
+                                 head_dim=128, page_size=16, q_dtype=torch.bfloat16,
+                                 kv_dtype=torch.bfloat16, scale=128 ** -0.5,
+                                 stages=int(kv.get("STAGES", ce.STAGES)),
+                                 block_n=int(kv.get("BN", ce.BLOCK_N)),
+                                 extra=tuple(f"-D{x}" for x in opts
+                                             if not x.startswith(("STAGES=", "BN="))))
+        out = torch.empty_like(d["q"])
+        run = lambda: plan.run(d["q"], d["kc"], d["vc"], out=out, k=d["knew"],  # noqa: E731
+                               v=d["vnew"])
     elif which == "mla":
         from tskernels.bench.cases import mla as M
         shape = {"B": 64, "L": 4096, "fp8": 0}

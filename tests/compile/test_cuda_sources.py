@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tskernels
-from tskernels.ops.attention import cuda_decode
+from tskernels.ops.attention import cuda_decode, cuda_extend
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "cuda_compile.json"
@@ -60,3 +60,45 @@ def test_cuda_decode_compiles(arch, tmp_path):
         assert r["e4m3_mma"], r
         assert r["registers"] and r["registers"] <= 255, r
         assert r["spill_bytes"] < 256, r
+
+
+WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16|f16)")
+TMA = re.compile(r"cp\.async\.bulk\.tensor\.2d")
+# (keys per tile, stages, fp16): the shipped config and the ones the GPU tier launches
+PREFILL_CONFIGS = [(128, 3, False), (128, 3, True), (128, 2, False), (64, 4, False)]
+
+
+def test_cuda_prefill_compiles(tmp_path):
+    """The wgmma prefill builds for sm_90a (its only target: wgmma and setmaxnreg need the
+    arch-specific feature set) with the warpgroup MMAs and TMA copies in its PTX, no spills
+    and no serialised MMAs (ptxas reports those as "Potential Performance Loss")."""
+    spec = next(k for k in tskernels.kernels() if k.name == "attention.extend.cuda")
+    assert spec.verification.compiled == frozenset({"sm_90"})
+    rows = []
+    for bn, stages, fp16 in PREFILL_CONFIGS:
+        opts = cuda_extend.nvcc_options(fp16, stages, bn)
+        src = str(cuda_extend.SOURCE)
+        ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", src, "-o",
+                              str(tmp_path / "p.ptx")], capture_output=True, text=True)
+        assert ptx.returncode == 0, ptx.stderr[-3000:]
+        cub = subprocess.run([NVCC, *opts, "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
+                              "-Xptxas", "-v", src, "-o", str(tmp_path / "p.cubin")],
+                             capture_output=True, text=True)
+        assert cub.returncode == 0, cub.stderr[-3000:]
+        text = (tmp_path / "p.ptx").read_text()
+        regs = re.search(r"Used (\d+) registers", cub.stderr)
+        spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
+        rows.append(dict(target="sm_90a", kernel="prefill_wgmma", block_n=bn, stages=stages,
+                         fp16=fp16, registers=int(regs.group(1)) if regs else None,
+                         spill_bytes=int(spill.group(1)) if spill else 0,
+                         wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)),
+                         serialized="Potential Performance Loss" in cub.stderr))
+        r = rows[-1]
+        assert r["wgmma"] and r["tma"], r
+        assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
+        assert not r["serialized"], cub.stderr[-2000:]
+        assert cuda_extend.smem_bytes(stages, bn) <= 232448, r
+    OUT.parent.mkdir(exist_ok=True)
+    old = json.loads(OUT.read_text()) if OUT.exists() else []
+    OUT.write_text(json.dumps([r for r in old if r.get("kernel") != "prefill_wgmma"] + rows,
+                              indent=1))

@@ -121,6 +121,10 @@ def _prepare_extend(d):
     d = dict(d)
     d["plan"] = attn.extend_plan(d["qo"], d["pt"], d["lens"], num_q_heads=HQ, k_cache=d["kc"],
                                  q_dtype=DT)
+    # the Triton kernel side by side (the registry picks the CUDA one for plain prefill on
+    # sm_90, where it is run-verified)
+    d["plan_triton"] = attn.extend_plan(d["qo"], d["pt"], d["lens"], num_q_heads=HQ,
+                                        k_cache=d["kc"], q_dtype=DT, backend="triton")
     d["out"] = torch.empty_like(d["q"])
     d["qt"] = d["q"].transpose(0, 1).unsqueeze(0)  # [1, HQ, N, D] view for SDPA
     n, L = d["q"].shape[0], d["kcont"].shape[2]
@@ -154,8 +158,10 @@ register_bench(Bench(
                                                k=d["knew"], v=d["vnew"]),
     baselines={"torch_sdpa_contiguous": lambda d: _sdpa_extend(d, d["kcont"], d["vcont"]),
                "naive_paged": _naive_paged_extend,
-               # ours reading the new tokens' keys through the page table as well
-               "tskernels_paged_only": lambda d: d["plan"].run(d["q"], d["kc"], d["vc"],
-                                                               out=d["out"])},
+               "tskernels_triton": lambda d: d["plan_triton"].run(
+                   d["q"], d["kc"], d["vc"], out=d["out"], k=d["knew"], v=d["vnew"]),
+               # the Triton kernel reading the new tokens' keys through the page table as well
+               "tskernels_paged_only": lambda d: d["plan_triton"].run(d["q"], d["kc"], d["vc"],
+                                                                      out=d["out"])},
     bytes=lambda s: 2 * (s["N"] + s.get("P", 0)) * HKV * D * 2 + 2 * s["N"] * HQ * D * 2,
     flops=_extend_flops, prepare=_prepare_extend, cpu_shapes=[{"N": 64, "P": 32}]))

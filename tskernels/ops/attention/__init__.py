@@ -13,7 +13,7 @@ import torch
 from ... import _check
 from ...registry import fmt, select
 from . import _validate as _v
-from . import (cuda_decode, reference, torch_cpu, triton_decode,  # noqa: F401
+from . import (cuda_decode, cuda_extend, reference, torch_cpu, triton_decode,  # noqa: F401
                triton_extend, triton_merge, triton_store)  # (register backends)
 
 
@@ -137,6 +137,8 @@ def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     new_kv = {}
     if _v.new_kv(k, v, T, k_cache):
         new_kv = dict(k=k, v=v)
+    prob["traits"] = dict(prob["traits"], causal=causal, new_kv=bool(new_kv),
+                          prefix=_has_prefix(qo_indptr, seq_lens))
     return select("attention", "extend", backend=backend, **prob)(
         q, k_cache, v_cache, qo_indptr, page_table, seq_lens, causal=causal,
         scale=scale or d ** -0.5, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
@@ -157,15 +159,24 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
     _v.gqa(num_q_heads, hkv)
     _v.paged(page_table, seq_lens, B, k_cache.device)
     kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
-                           sinks, kv_scale_mode, backend)
+                           sinks, kv_scale_mode, backend,
+                           extra={"causal": causal, "prefix": _has_prefix(qo_indptr, seq_lens)})
     return kern.fn.make_plan(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
                              num_kv_heads=hkv, head_dim=d, page_size=page_size,
                              q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
                              causal=causal, sliding_window=sliding_window, softcap=softcap)
 
 
+def _has_prefix(qo_indptr: torch.Tensor, seq_lens: torch.Tensor) -> bool:
+    """Whether any request of an extend batch has cached tokens before its new ones (a host
+    read, at plan time: backends that serve prefill only select on it)."""
+    if qo_indptr.numel() < 2:
+        return False
+    return bool((seq_lens != qo_indptr[1:] - qo_indptr[:-1]).any())
+
+
 def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, sinks,
-                    kv_scale_mode, backend, batch=None):
+                    kv_scale_mode, backend, batch=None, extra=None):
     _, page_size, hkv, d = k_cache.shape
     if (k_cache.dtype in _check.FP8) != (kv_scale_mode is not None):
         raise ValueError("kv_scale_mode: give 'per_tensor' or 'per_head' exactly when the "
@@ -174,7 +185,8 @@ def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, 
     return select("attention", op, device=k_cache.device, formats={"q": fmt(q_dtype), "kv": kv},
                   traits={"head_dim": d, "page_size": page_size, "gqa": num_q_heads // hkv,
                           "kv_programs": None if batch is None else batch * hkv, "softcap": softcap is not None,
-                          "sliding_window": sliding_window is not None, "sinks": sinks},
+                          "sliding_window": sliding_window is not None, "sinks": sinks,
+                          **(extra or {})},
                   backend=backend)
 
 

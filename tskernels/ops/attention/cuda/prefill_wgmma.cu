@@ -1,0 +1,504 @@
+// Causal prefill attention for Hopper (sm_90a): warpgroup MMAs (wgmma) from shared memory,
+// a producer warpgroup feeding a cp.async ring, and two consumer warpgroups taking turns on the
+// tensor cores (one runs its MMAs while the other runs its softmax). Head dim 128, 16-bit
+// q / K / V (bf16, or fp16 with -DFP16), GQA by head index, a ragged batch of requests with no
+// cached prefix: request b's n_b tokens attend to themselves causally, K / V read from the new
+// tokens' own contiguous [T, Hkv, 128] tensors.
+//
+// CTA = 384 threads, one (128-query block, query head) work item:
+//  * warpgroup 0 (producer) copies 64-key K and V tiles into a STAGES-deep ring of 128-byte
+//    swizzled tiles (the layout wgmma's descriptors read), waits for its own copies, fences them
+//    for the async proxy and arrives on the stage's "full" mbarrier;
+//  * warpgroups 1 and 2 (consumers) own query rows 0..63 and 64..127 of the block. Per key tile:
+//    S = Q K^T (8 x m64n64k16, both operands from shared memory) is issued together with the
+//    previous tile's O += P V (4 x m64n128k16, P from registers, V read N-major), then the
+//    softmax of S runs on the registers while the other consumer's MMAs use the tensor cores.
+//    Named barriers hand the MMA issue slot back and forth between the two consumers.
+// Masking: only the diagonal tile of each consumer is masked; the consumer owning rows 0..63
+// skips the block's last tile (entirely above its diagonal) but keeps the barrier protocol.
+
+#ifndef STAGES
+#define STAGES 3                   // 226 KB with BN = 128
+#endif
+#ifdef FP16
+#define DT "f16"
+#define CVT_PACK "cvt.rn.f16x2.f32"
+#else
+#define DT "bf16"
+#define CVT_PACK "cvt.rn.bf16x2.f32"
+#endif
+#define HD 128
+#define BM 128                     // query rows per CTA (two consumer warpgroups x 64)
+#ifndef BN
+#define BN 128                     // keys per tile (64 or 128)
+#endif
+#define Q_BYTES (BM * HD * 2)      // 32 KB: two 64-column halves of [128 rows x 128 B]
+#define Q_HALF (BM * 128)
+#define KV_HALF (BN * 128)         // one 64-column half of a [BN keys x 128 d] tile
+#define TILE_BYTES (BN * HD * 2)
+#define STAGE_BYTES (2 * TILE_BYTES)
+#define BAR_OFFSET (Q_BYTES + STAGES * STAGE_BYTES)
+#define SMEM_BYTES (BAR_OFFSET + 16 * STAGES + 1024)  // + alignment slack
+#ifndef LAG                        // producer: tiles in flight before it waits on its copies
+#define LAG (STAGES - 2)           // (at most STAGES - 2: consumers free a stage one tile late)
+#endif
+#ifndef PRODUCER_WARPS             // warps of warpgroup 0 that copy (the others exit)
+#define PRODUCER_WARPS 4
+#endif
+#define PT (32 * PRODUCER_WARPS)
+#ifndef PRODUCER_REGS              // registers per thread after setmaxnreg (warpgroup 0 gives
+#define PRODUCER_REGS 40           // its share to the consumers: 40 + 2 x 232 <= 512)
+#endif
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 232
+#endif
+
+#define NEG_INF __int_as_float(0xff800000u)
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// 16-byte chunk `ch` (0..7) of row `r` of a 128-byte-row tile, 128-byte swizzle (Swizzle<3,4,3>)
+__device__ __forceinline__ u32 swz(u32 base, int r, int ch) {
+    return base + r * 128 + ((ch ^ (r & 7)) << 4);
+}
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int nbytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(nbytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+// generic-proxy shared-memory writes of this thread become visible to the async proxy (wgmma)
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n"
+                 :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void named_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// keeps the compiler from moving accumulator accesses across the asynchronous MMAs
+__device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+__device__ __forceinline__ void reg_fence(u32& x) { asm volatile("" : "+r"(x) :: "memory"); }
+
+// shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets
+__device__ __forceinline__ u64 desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 d;
+    asm(CVT_PACK " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- wgmma wrappers (one shape each; operand lists written out by a script) ----
+#if BN == 64
+// d (+)= A (smem, K-major) * B (smem, K-major): [64 x 16] x [16 x 64]
+__device__ __forceinline__ void wgmma_qk(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+#else
+// d (+)= A (smem, K-major) * B (smem, K-major): [64 x 16] x [16 x 128]
+__device__ __forceinline__ void wgmma_qk(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." DT "." DT " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+#endif
+// d += A (registers) * B (smem, MN-major): [64 x 16] x [16 x 128]
+__device__ __forceinline__ void wgmma_pv(float* d, const u32* a, u64 db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." DT "." DT " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+
+// one BN-key K or V tile (rows row0.., this KV head's 128 columns) into a swizzled stage tile,
+// by the PT producer threads; rows at or past num_rows are zero-filled. Thread t copies 16-byte
+// chunk t % 16 of rows t / 16 + (PT / 16) i.
+__device__ __forceinline__ void load_tile(u32 dst, const u16* src, long st, int row0,
+                                          int num_rows, int t) {
+    constexpr int RP = PT / 16;  // rows per pass
+    const int r0 = t >> 4, c = t & 15;
+    dst += (c >> 3) * KV_HALF;
+    src += (long)(row0 + r0) * st + c * 8;
+    const int rows = num_rows - row0 - r0;
+#pragma unroll 4
+    for (int i = 0; i < BN / RP; ++i) {
+        const int r = r0 + RP * i;
+        const bool ok = RP * i < rows;
+        cp_async16(dst + r * 128 + (((c & 7) ^ (r & 7)) << 4),
+                   ok ? src + (long)(RP * i) * st : src - (long)(row0 + r0) * st, ok ? 16 : 0);
+    }
+}
+
+// a CUtensorMap (cuda.h is not needed for its 128 opaque bytes): passed by value as a
+// __grid_constant__ kernel parameter, its address is what cp.async.bulk.tensor reads
+struct __align__(64) TensorMap { u64 bytes[16]; };
+
+// TMA: box {64 columns, BN rows} at (col, row) of a 2-D tensor map into shared memory (128-byte
+// swizzled by the map), completing `bytes` on the mbarrier; rows past the tensor read as zeros
+__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row,
+                                         u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
+                     const __grid_constant__ TensorMap vmap,
+                     const u16* __restrict__ q, const u16* __restrict__ kn,
+                     const u16* __restrict__ vn, u16* __restrict__ o,
+                     const int* __restrict__ qo_indptr, const int* __restrict__ work,
+                     float c, int num_rows, int hq, int group, long q_st, long q_sh, long k_st,
+                     long v_st, long o_st, long o_sh) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
+    const u32 sq = base, skv = base + Q_BYTES, bars = base + BAR_OFFSET;
+    // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
+
+    const int pid = blockIdx.x;
+    const int h = pid % hq, wi = pid / hq, kvh = h / group;
+    const int b = work[2 * wi], m0 = work[2 * wi + 1] * BM;
+    const int q_start = qo_indptr[b], n = qo_indptr[b + 1] - q_start;
+    const int last = min(m0 + BM, n) - 1;         // last query row of the block (local)
+    const int n_tiles = last / BN + 1;            // keys 0 .. last
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+#ifdef CPASYNC_PRODUCER
+            mbar_init(bars + 8 * s, PT);                   // producer threads
+#else
+            mbar_init(bars + 8 * s, 1);                    // the TMA thread (+ bytes)
+#endif
+            mbar_init(bars + 8 * (STAGES + s), 256);       // consumer threads
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+#ifndef NO_SETMAXNREG
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
+#endif
+#ifndef CPASYNC_PRODUCER
+        // one thread issues the tile copies (TMA): 4 boxes per stage (K, V x two column halves)
+        if (tid == 0) {
+            for (int jt = 0; jt < n_tiles; ++jt) {
+                const int s = jt % STAGES;
+                if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
+                const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
+                mbar_expect_tx(full, STAGE_BYTES);
+                const int row = q_start + jt * BN, col = kvh * HD;
+                tma_load(dst, &kmap, col, row, full);
+                tma_load(dst + KV_HALF, &kmap, col + 64, row, full);
+                tma_load(dst + TILE_BYTES, &vmap, col, row, full);
+                tma_load(dst + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
+            }
+        }
+        return;
+#endif
+        const int t = tid;
+        if (t >= PT) return;
+        const u16* kb = kn + (long)kvh * HD + (long)q_start * k_st;
+        const u16* vb = vn + (long)kvh * HD + (long)q_start * v_st;
+        const int rows_left = num_rows - q_start;
+        for (int jt = 0; jt < n_tiles; ++jt) {
+            const int s = jt % STAGES;
+            if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
+            const u32 dst = skv + s * STAGE_BYTES;
+            {
+                load_tile(dst, kb, k_st, jt * BN, rows_left, t);
+                load_tile(dst + TILE_BYTES, vb, v_st, jt * BN, rows_left, t);
+            }
+#ifdef PRODUCER_NOINC
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
+                         :: "r"(bars + 8 * s) : "memory");
+        }
+#else
+            cp_async_commit();
+            if (jt >= LAG) {
+                cp_async_wait<LAG>();
+                fence_async_shared();
+                mbar_arrive(bars + 8 * ((jt - LAG) % STAGES));
+            }
+        }
+        cp_async_wait<0>();
+        fence_async_shared();
+        for (int jt = max(0, n_tiles - LAG); jt < n_tiles; ++jt)
+            mbar_arrive(bars + 8 * (jt % STAGES));
+#endif
+        return;
+    }
+
+    // consumers
+#ifndef NO_SETMAXNREG
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
+#endif
+    const int w = wg - 1, tw = tid - 128 * wg;
+    const int warp = tw >> 5, lane = tw & 31, qr = lane >> 2, qc = lane & 3;
+    const int rowA = m0 + 64 * w + 16 * warp + qr, rowB = rowA + 8;  // local query rows
+    {   // this warpgroup's 64 query rows into the swizzled Q tile
+        const u16* qb = q + (long)h * q_sh;
+#pragma unroll
+        for (int i = 0; i < 64 * 16 / 128; ++i) {
+            int idx = tw + 128 * i, r = idx >> 4, ch = idx & 15;
+            int row = m0 + 64 * w + r;
+            bool ok = row < n;
+            const u16* p = qb + (long)(q_start + (ok ? row : 0)) * q_st + ch * 8;
+            cp_async16(swz(sq + (ch >> 3) * Q_HALF, 64 * w + r, ch & 7), p, ok ? 16 : 0);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_async_shared();
+        named_sync(3 + w, 128);
+    }
+    const int wlast = min(m0 + 64 * w + 63, n - 1);  // this warpgroup's last valid row
+    const int n_vis = wlast / BN + 1;                 // tiles it sees (n_tiles or one less)
+    const int diag = (m0 + 64 * w) / BN;              // first tile needing the causal mask
+
+    float acc[64], s[BN / 2], mA = NEG_INF, mB = NEG_INF, lA = 0.f, lB = 0.f;
+    u32 p[BN / 4];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) p[i] = 0u;
+#ifndef NOPINGPONG
+    if (w == 1) named_arrive(1, 256);  // consumer 0 issues first
+#endif
+
+    // tile jt: issue S = Q K_jt^T, then O += P V of tile jt - 1 (two commit groups), hand the
+    // turn over; once S is in, its softmax runs while that P V still occupies the tensor
+    // cores; then O is rescaled and P taken from S. Every wgmma sits in straight-line code (a
+    // branch around one makes ptxas serialise them all): tile 0 has no previous tile, its P is
+    // zero and the P V MMA adds exact zeros reading stage 0's (loaded, finite) K tile as "V".
+    for (int jt = 0; jt < n_vis; ++jt) {
+        const int st = jt % STAGES, prev = (jt + STAGES - 1) % STAGES;
+        const u32 sk = skv + st * STAGE_BYTES;
+        const u32 sv = jt > 0 ? skv + prev * STAGE_BYTES + TILE_BYTES : sk;
+        mbar_wait(bars + 8 * st, (jt / STAGES) & 1);
+#ifdef PRODUCER_NOINC
+        fence_async_shared();
+#endif
+#ifndef NOPINGPONG
+        named_sync(1 + w, 256);  // my turn to issue MMAs
+#endif
+#pragma unroll
+        for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
+#pragma unroll
+        for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+            wgmma_qk(s, desc(sq + (kk >> 2) * Q_HALF + w * 64 * 128 + (kk & 3) * 32, 16, 1024),
+                     desc(sk + (kk >> 2) * KV_HALF + (kk & 3) * 32, 16, 1024), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_pv(acc, p + 4 * kk, desc(sv + kk * 16 * 128, KV_HALF, 1024));
+        wgmma_commit();
+#ifndef NOPINGPONG
+        if (w == 0 || jt < n_tiles - 1) named_arrive(2 - w, 256);  // the other's turn
+#endif
+        wgmma_wait<1>();  // S is in (P V may still run)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) reg_fence(s[i]);
+        // online softmax of this tile (logits in base 2 via c = scale * log2 e), in place
+        if (jt >= diag) {
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = jt * BN + 8 * i + 2 * qc + e;
+                    if (key > rowA) s[4 * i + e] = NEG_INF;
+                    if (key > rowB) s[4 * i + 2 + e] = NEG_INF;
+                }
+            }
+        }
+        float xA = NEG_INF, xB = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+            xA = fmaxf(xA, fmaxf(s[4 * i], s[4 * i + 1]));
+            xB = fmaxf(xB, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+        }
+        const float nA = fmaxf(mA, quad_max(xA) * c), nB = fmaxf(mB, quad_max(xB) * c);
+        const float aA = ex2(mA - nA), aB = ex2(mB - nB);
+        mA = nA;
+        mB = nB;
+        float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+            s[4 * i] = ex2(fmaf(s[4 * i], c, -mA));
+            s[4 * i + 1] = ex2(fmaf(s[4 * i + 1], c, -mA));
+            s[4 * i + 2] = ex2(fmaf(s[4 * i + 2], c, -mB));
+            s[4 * i + 3] = ex2(fmaf(s[4 * i + 3], c, -mB));
+            sumA += s[4 * i] + s[4 * i + 1];
+            sumB += s[4 * i + 2] + s[4 * i + 3];
+        }
+        lA = fmaf(lA, aA, sumA);
+        lB = fmaf(lB, aB, sumB);
+        wgmma_wait<0>();  // P V of tile jt - 1 is in: its stage is free, O and P may change
+#pragma unroll
+        for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
+#pragma unroll
+        for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
+        if (jt > 0) mbar_arrive(bars + 8 * (STAGES + prev));
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            acc[4 * i] *= aA;
+            acc[4 * i + 1] *= aA;
+            acc[4 * i + 2] *= aB;
+            acc[4 * i + 3] *= aB;
+        }
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+            p[2 * i] = pack2(s[4 * i], s[4 * i + 1]);
+            p[2 * i + 1] = pack2(s[4 * i + 2], s[4 * i + 3]);
+        }
+    }
+    {   // O += P V of the last visible tile; consumer 0 may still owe the block's last tile
+        // (above its diagonal) its turn in the protocol and its stage release
+        const bool skip = n_vis < n_tiles;
+        const int prev = (n_vis - 1) % STAGES;
+        const u32 sv = skv + prev * STAGE_BYTES + TILE_BYTES;
+#ifndef NOPINGPONG
+        if (skip) named_sync(1 + w, 256);
+#endif
+#pragma unroll
+        for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
+#pragma unroll
+        for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_pv(acc, p + 4 * kk, desc(sv + kk * 16 * 128, KV_HALF, 1024));
+        wgmma_commit();
+#ifndef NOPINGPONG
+        if (skip) named_arrive(2 - w, 256);
+#endif
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
+        mbar_arrive(bars + 8 * (STAGES + prev));
+        if (skip) mbar_arrive(bars + 8 * (STAGES + (n_tiles - 1) % STAGES));
+    }
+    const float iA = 1.f / quad_sum(lA), iB = 1.f / quad_sum(lB);
+#ifdef DIRECT_STORE
+    u16* ob = o + (long)h * o_sh + 2 * qc;
+    if (rowA < n) {
+        u32* dst = (u32*)(ob + (long)(q_start + rowA) * o_st);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) dst[4 * i] = pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+    }
+    if (rowB < n) {
+        u32* dst = (u32*)(ob + (long)(q_start + rowB) * o_st);
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            dst[4 * i] = pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
+    }
+#else
+    // O through this warpgroup's (now unused) rows of the Q tile, swizzled like it (no bank
+    // conflicts either way), then written out as whole 16-byte chunks of each row
+    {
+        const int ra = 64 * w + 16 * warp + qr, rb = ra + 8;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const u32 half = sq + (i >> 3) * Q_HALF + 4 * qc;
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(swz(half, ra, i & 7)),
+                         "r"(pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA)) : "memory");
+            asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(swz(half, rb, i & 7)),
+                         "r"(pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB)) : "memory");
+        }
+    }
+    named_sync(3 + w, 128);
+    u16* ob = o + (long)h * o_sh;
+#pragma unroll
+    for (int k = 0; k < 64 * 16 / 128; ++k) {
+        const int idx = tw + 128 * k, r = idx >> 4, cc = idx & 15;
+        const int row = m0 + 64 * w + r;
+        uint4 val;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                     : "r"(swz(sq + (cc >> 3) * Q_HALF, 64 * w + r, cc & 7)) : "memory");
+        if (row < n) *(uint4*)(ob + (long)(q_start + row) * o_st + cc * 8) = val;
+    }
+#endif
+#else
+    asm volatile("trap;\n");  // built without sm_90a features: fail loudly, never return zeros
+#endif
+}

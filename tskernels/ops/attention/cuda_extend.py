@@ -1,0 +1,288 @@
+"""Hand-written CUDA causal prefill for Hopper (`cuda/prefill_wgmma.cu`): warpgroup MMAs.
+
+What it adds over the Triton extend kernel: a producer warpgroup and two consumer warpgroups
+that take turns on the tensor cores, so one consumer's softmax overlaps the other's MMAs
+(Triton 3.6 serialises the two within a warpgroup on sm_90). Narrow on purpose: sm_90a only
+(wgmma), head dim 128, 16-bit q / K / V of one dtype, causal, no sliding window / softcap /
+sinks, and no cached prefix (every request's tokens are all new: prefill, or the first chunk
+of one); K / V are read from the new tokens' own contiguous [T, Hkv, 128] tensors, which the
+caller passes to `run` (the serving runner does). The registry only offers it for problems
+with those traits.
+
+Compiled at first use with NVRTC for sm_90a (cuda-python's bindings; CuPy's compile picks the
+portable sm_90 target, which has no wgmma), loaded and launched with the driver API on torch's
+current stream (the K/V TMA descriptors are 128-byte kernel parameters, encoded per `run` on
+the host: no device work, no sync).
+
+Verification: the GPU tier runs it on the H200 (tests/kernels/test_attention_cuda_extend.py);
+tests/compile/test_cuda_sources.py builds it with nvcc and checks the wgmma in its code.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from ...registry import Capability, register
+
+SOURCE = Path(__file__).with_name("cuda") / "prefill_wgmma.cu"
+HEAD_DIM = 128
+BLOCK_M = 128          # query rows per CTA (BM in the source)
+THREADS = 384          # producer + two consumer warpgroups
+BLOCK_N = 128          # keys per tile
+STAGES = 3             # K/V ring depth (226 KB of shared memory at BLOCK_N = 128; H200,
+                       # 4k / 16k prefill: 252.5 / 3843 us vs 285.2 / 4462 with 2 stages,
+                       # results/h200/attention_extend_cuda_s6f.json)
+LOG2E = 1.4426950408889634
+_lock = threading.Lock()
+_modules: dict[tuple, object] = {}
+
+
+def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
+    """Dynamic shared memory: Q tile, K/V ring, mbarriers, 1 KB for 1024-byte alignment."""
+    q = BLOCK_M * HEAD_DIM * 2
+    return q + stages * 2 * block_n * HEAD_DIM * 2 + 16 * stages + 1024
+
+
+def nvcc_options(fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
+                 extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    return ("-std=c++17", f"-DSTAGES={stages}", f"-DBN={block_n}",
+            *(("-DFP16",) if fp16 else ()), *extra)
+
+
+def _nvrtc_cubin(source: str, options: tuple[str, ...], arch: str) -> bytes:
+    """Compile with NVRTC (cuda-python) for exactly `arch` (e.g. sm_90a) and return the cubin."""
+    from cuda.bindings import nvrtc
+
+    def check(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC {what} failed: {err}")
+        return res[1:] if isinstance(res, tuple) else None
+
+    prog, = check(nvrtc.nvrtcCreateProgram(source.encode(), b"prefill_wgmma.cu", 0, [], []),
+                  "create")
+    opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
+    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        size, = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC compile of {SOURCE.name} failed:\n{log.decode(errors='replace')}")
+    size, = check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+    cubin = b" " * size
+    check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
+    nvrtc.nvrtcDestroyProgram(prog)
+    return cubin
+
+
+def _function(device: torch.device, fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
+              extra: tuple[str, ...] = ()):
+    """The compiled kernel (a CUfunction) for (device, dtype, stages, tile), built once:
+    NVRTC -> cubin -> driver module in the device's primary context (torch's).
+    extra: more -D options (experiments in benchmarks/attention_gpu.py)."""
+    key = (device.index, fp16, stages, block_n, extra)
+    with _lock:
+        fn = _modules.get(key)
+        if fn is None:
+            major, minor = torch.cuda.get_device_capability(device)
+            if (major, minor) != (9, 0):
+                raise RuntimeError(f"CUDA extend: sm_90a (Hopper) only, device is "
+                                   f"sm_{major}{minor}")
+            cubin = _nvrtc_cubin(SOURCE.read_text(), nvcc_options(fp16, stages, block_n, extra),
+                                 "sm_90a")
+            cu = _driver()
+            with torch.cuda.device(device):
+                torch.cuda.init()
+                image = ctypes.create_string_buffer(cubin)
+                err, mod = cu.cuModuleLoadData(ctypes.addressof(image))
+                _check(err, "cuModuleLoadData")
+                err, fn = cu.cuModuleGetFunction(mod, b"prefill_wgmma_kernel")
+                _check(err, "cuModuleGetFunction")
+                err, = cu.cuFuncSetAttribute(
+                    fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem_bytes(stages, block_n))
+                _check(err, "cuFuncSetAttribute")
+            _modules[key] = fn = (mod, fn)  # the module owns the loaded code
+    return fn[1]
+
+
+def _check(err, what: str) -> None:
+    cu = _driver()
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA extend: {what} failed ({err})")
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:  # pragma: no cover - cuda-python < 12.6 names it cuda.cuda
+        from cuda import cuda as driver
+    return driver
+
+
+def tensor_map(t: torch.Tensor, box_rows: int) -> ctypes.Array:
+    """The TMA descriptor (CUtensorMap, 128 bytes) of t [rows, heads, 128] seen as a 2-D
+    [rows, heads * 128] tensor: boxes of 64 columns x box_rows rows, 128-byte swizzle (the
+    layout the kernel's wgmma descriptors read), rows past the end read as zeros."""
+    cu = _driver()
+    dt = {torch.bfloat16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          torch.float16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[t.dtype]
+    rows, cols = t.shape[0], t.shape[1] * t.shape[2]
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t
+    rest = ([u64(cols), u64(rows)], [u64(t.stride(0) * t.element_size())],
+            [u32(64), u32(box_rows)], [u32(1), u32(1)],
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    try:
+        err, tmap = cu.cuTensorMapEncodeTiled(dt, 2, t.data_ptr(), *rest)
+    except TypeError:  # bindings that want the rank typed as well
+        err, tmap = cu.cuTensorMapEncodeTiled(dt, u32(2), t.data_ptr(), *rest)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA extend: cuTensorMapEncodeTiled failed ({err}) for "
+                           f"{tuple(t.shape)} strides {tuple(t.stride())}")
+    buf = (ctypes.c_ubyte * 128)()
+    ctypes.memmove(buf, tmap.getPtr(), 128)
+    return buf
+
+
+def _launch(fn, grid: int, smem: int, stream: int, args) -> None:
+    """cuLaunchKernel with each argument's bytes given by a ctypes object (the tensor maps are
+    128-byte structs, which CuPy's launcher does not pass)."""
+    cu = _driver()
+    ptrs = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+    err, = cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, smem, cu.CUstream(stream),
+                             ctypes.addressof(ptrs), 0)
+    _check(err, "cuLaunchKernel")
+
+
+def work_list(counts, block_m: int = BLOCK_M) -> list[tuple[int, int]]:
+    """(request, query block) pairs, longest first (the last blocks of long requests)."""
+    work = [(b, i) for b, n in enumerate(counts) for i in range(-(-n // block_m))]
+    work.sort(key=lambda bi: -min((bi[1] + 1) * block_m, counts[bi[0]]))
+    return work
+
+
+class CudaExtendPlan:
+    """Per-batch plan (same contract as the Triton ExtendPlan: reads qo_indptr / seq_lens on the
+    host here, `run` neither synchronises nor allocates given `out`)."""
+
+    def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
+                 head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
+                 sliding_window=None, softcap=None, stages=STAGES, block_n=BLOCK_N, extra=()):
+        if head_dim != HEAD_DIM:
+            raise ValueError(f"CUDA extend: head_dim {HEAD_DIM} only, got {head_dim}")
+        if q_dtype not in (torch.bfloat16, torch.float16) or kv_dtype != q_dtype:
+            raise ValueError(f"CUDA extend: bf16 or fp16 q with a cache of the same dtype, got "
+                             f"q {q_dtype}, cache {kv_dtype}")
+        if not causal or sliding_window is not None or softcap is not None:
+            raise ValueError("CUDA extend: causal only, no sliding window or softcap (use the "
+                             "Triton backend)")
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"CUDA extend: {num_q_heads} query heads not a multiple of "
+                             f"{num_kv_heads} KV heads")
+        dev = qo_indptr.device
+        if dev.type != "cuda":
+            raise ValueError("CUDA extend: tensors must be on a CUDA device")
+        counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
+        lens = seq_lens.tolist()
+        if any(n != L for n, L in zip(counts, lens)):
+            raise ValueError("CUDA extend: every request's tokens must all be new (no cached "
+                             "prefix: seq_lens == new tokens); use the Triton backend")
+        self.qo_indptr = qo_indptr
+        self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
+        self.q_dtype, self.scale = q_dtype, scale
+        self.num_rows = int(qo_indptr[-1].item()) if qo_indptr.numel() else 0
+        work = work_list(counts)
+        self.num_blocks = len(work)
+        self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32, device=dev).reshape(-1)
+        if block_n not in (64, 128) or not 2 <= stages or smem_bytes(stages, block_n) > 232448:
+            raise ValueError(f"CUDA extend: block_n 64 or 128 and 2+ stages within 227 KB, got "
+                             f"{block_n}, {stages}")
+        self.block_n = block_n
+        self._fn = _function(dev, q_dtype == torch.float16, stages, block_n, tuple(extra))
+        self._smem = smem_bytes(stages, block_n)  # (compiled now, not inside a graph capture)
+
+    def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None,
+            k=None, v=None):
+        """q [T, Hq, 128] -> o [T, Hq, 128]; k, v: the new tokens' K/V [T, Hkv, 128]
+        (required: this kernel reads nothing from the pages)."""
+        check_run_args(self, q, k, v, sinks, k_scale, v_scale, out)
+        o = torch.empty_like(q) if out is None else out
+        if self.num_blocks == 0:
+            return o
+        c = ctypes
+        args = (tensor_map(k, self.block_n), tensor_map(v, self.block_n),
+                *(c.c_uint64(t.data_ptr()) for t in (q, k, v, o, self.qo_indptr, self.work)),
+                c.c_float(self.scale * LOG2E), c.c_int(self.num_rows), c.c_int(self.hq),
+                c.c_int(self.group),
+                *(c.c_int64(s) for s in (q.stride(0), q.stride(1), k.stride(0), v.stride(0),
+                                         o.stride(0), o.stride(1))))
+        _launch(self._fn, self.num_blocks * self.hq, self._smem,
+                torch.cuda.current_stream(q.device).cuda_stream, args)
+        return o
+
+
+def check_run_args(plan, q, k, v, sinks, k_scale, v_scale, out) -> None:
+    """What `run` relies on and the kernel cannot check (host-side, no sync)."""
+    if sinks is not None or k_scale is not None or v_scale is not None:
+        raise ValueError("CUDA extend: no attention sinks and no KV scales (16-bit cache)")
+    if k is None or v is None:
+        raise ValueError("CUDA extend: pass the new tokens' k and v ([T, Hkv, 128]); this "
+                         "kernel reads K/V from them, not from the pages")
+    T = plan.num_rows
+    if q.dtype != plan.q_dtype or tuple(q.shape) != (T, plan.hq, HEAD_DIM) or \
+            q.stride(2) != 1 or q.device.type != "cuda":
+        raise ValueError(f"CUDA extend: q must be [{T}, {plan.hq}, {HEAD_DIM}] {plan.q_dtype} "
+                         f"on the GPU with a contiguous last dim, got {tuple(q.shape)} "
+                         f"{q.dtype} strides {tuple(q.stride())}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype or tuple(t.shape) != (T, plan.hkv, HEAD_DIM) or \
+                t.stride(2) != 1 or t.stride(1) != HEAD_DIM or t.device != q.device:
+            raise ValueError(f"CUDA extend: {name} must be [{T}, {plan.hkv}, {HEAD_DIM}] "
+                             f"{q.dtype} with packed heads, got {tuple(t.shape)} {t.dtype} "
+                             f"strides {tuple(t.stride())}")
+    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or
+                            out.stride(2) != 1 or out.device != q.device):
+        raise ValueError(f"CUDA extend: out must be {tuple(q.shape)} {q.dtype} with a "
+                         f"contiguous last dim, got {tuple(out.shape)} {out.dtype}")
+    outs = [out] if out is not None else []
+    for name, t in (("q", q), ("k", k), ("v", v), *(("out", x) for x in outs)):
+        if t.data_ptr() % 16 or t.stride(0) % 8 or (name in ("q", "out") and t.stride(1) % 8):
+            raise ValueError(f"CUDA extend: {name} rows must be 16-byte aligned (strides "
+                             f"{tuple(t.stride())})")
+
+
+def make_plan(qo_indptr, page_table, seq_lens, **kw) -> CudaExtendPlan:
+    return CudaExtendPlan(qo_indptr, page_table, seq_lens, **kw)
+
+
+TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
+          "sliding_window": lambda x: not x, "sinks": lambda x: not x,
+          "prefix": lambda x: not x, "causal": lambda x: bool(x), "new_kv": lambda x: bool(x)}
+
+
+@register("attention", "extend", backend="cuda",
+          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
+                                modules=frozenset({"cuda.bindings"})),
+          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")},
+          traits=TRAITS, band="specialized", tags=("deterministic", "throughput"),
+          compiled=("sm_90",))
+def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
+           sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
+           v=None):
+    """CUDA causal prefill (wgmma, sm_90a) of requests with no cached prefix."""
+    plan = CudaExtendPlan(qo_indptr, page_table, seq_lens, num_q_heads=q.shape[1],
+                          num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
+                          page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
+                          scale=scale, causal=causal, sliding_window=sliding_window,
+                          softcap=softcap)
+    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, k=k,
+                    v=v)
+
+
+extend.make_plan = make_plan
