@@ -464,6 +464,53 @@ def cuda_extend():
               flush=True)
         del d
         torch.cuda.empty_cache()
+    # ragged batches (serving-like prefill), CUDA vs Triton extend, both as the registry plans
+    # them (CUDA_EXTEND_RAGGED="512x1024x...;..." request lengths; heads "hq/hkv" per batch)
+    import tskernels.ops.attention as attn
+    for spec in filter(None, os.environ.get("CUDA_EXTEND_RAGGED", "").split(";")):
+        lens_s, _, heads = spec.partition("@")
+        counts = [int(x) for x in lens_s.split("x")]
+        hq, hkv = (int(x) for x in (heads or "32/8").split("/"))
+        gen = torch.Generator("cuda").manual_seed(2)
+        T = sum(counts)
+        q = torch.randn(T, hq, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(T, hkv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(T, hkv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+        qo = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32,
+                          device="cuda")
+        lens = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        # a cache as big as the batch, the new tokens stored in page order (the Triton plan
+        # reads only the new tokens' own K/V here, like the CUDA one)
+        pages = -(-T // 16) + len(counts)
+        kc = torch.zeros(pages, 16, hkv, 128, device="cuda", dtype=torch.bfloat16)
+        pt = torch.zeros(len(counts), max(-(-n // 16) for n in counts), dtype=torch.int32,
+                         device="cuda")
+        nxt = 0
+        for b, n in enumerate(counts):
+            m = -(-n // 16)
+            pt[b, :m] = torch.arange(nxt, nxt + m, dtype=torch.int32)
+            nxt += m
+        ref = _extend_ref(q, k, v, counts, 128 ** -0.5)
+        flops = sum(4 * hq * 128 * n * (n + 1) // 2 for n in counts)
+        t = {}
+        for name in ("auto", "triton"):
+            plan = attn.extend_plan(qo, pt, lens, num_q_heads=hq, k_cache=kc,
+                                    q_dtype=torch.bfloat16,
+                                    backend=None if name == "auto" else "triton")
+            out = torch.empty_like(q)
+            o = plan.run(q, kc, kc, k=k, v=v, out=out).float()
+            err = ((o - ref).norm() / ref.norm()).item()
+            us = _time(lambda d, plan=plan, out=out: plan.run(q, kc, kc, k=k, v=v, out=out),
+                       [{}], iters=20)
+            t[name] = (us, type(plan).__name__, err)
+        rows.append(dict(ragged=counts, heads=[hq, hkv], flops=flops,
+                         us={n_: x[0] for n_, x in t.items()},
+                         plans={n_: x[1] for n_, x in t.items()},
+                         err={n_: x[2] for n_, x in t.items()}))
+        print(f"RAGGED {counts} {hq}/{hkv}: {t['auto'][1]} {t['auto'][0]:.1f} us "
+              f"({flops / t['auto'][0] / 1e6:.0f} TFLOP/s, err {t['auto'][2]:.1e}), "
+              f"{t['triton'][1]} {t['triton'][0]:.1f} us ({flops / t['triton'][0] / 1e6:.0f}) "
+              f"-> x{t['triton'][0] / t['auto'][0]:.2f}", flush=True)
     with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_extend_cuda.json')}", "w") as f:
         json.dump(rows, f, indent=1)
 
