@@ -193,7 +193,7 @@ class CudaExtendPlan:
         if any(n != L for n, L in zip(counts, lens)):
             raise ValueError("CUDA extend: every request's tokens must all be new (no cached "
                              "prefix: seq_lens == new tokens); use the Triton backend")
-        self.qo_indptr = qo_indptr
+        self.qo_indptr, self.device = qo_indptr, dev
         self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
         self.q_dtype, self.scale = q_dtype, scale
         self.num_rows = int(qo_indptr[-1].item()) if qo_indptr.numel() else 0
@@ -236,10 +236,10 @@ def check_run_args(plan, q, k, v, sinks, k_scale, v_scale, out) -> None:
                          "kernel reads K/V from them, not from the pages")
     T = plan.num_rows
     if q.dtype != plan.q_dtype or tuple(q.shape) != (T, plan.hq, HEAD_DIM) or \
-            q.stride(2) != 1 or q.device.type != "cuda":
+            q.stride(2) != 1 or q.device != plan.device:
         raise ValueError(f"CUDA extend: q must be [{T}, {plan.hq}, {HEAD_DIM}] {plan.q_dtype} "
-                         f"on the GPU with a contiguous last dim, got {tuple(q.shape)} "
-                         f"{q.dtype} strides {tuple(q.stride())}")
+                         f"on {plan.device} with a contiguous last dim, got {tuple(q.shape)} "
+                         f"{q.dtype} on {q.device}, strides {tuple(q.stride())}")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype or tuple(t.shape) != (T, plan.hkv, HEAD_DIM) or \
                 t.stride(2) != 1 or t.stride(1) != HEAD_DIM or t.device != q.device:
