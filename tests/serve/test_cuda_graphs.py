@@ -92,3 +92,52 @@ def _check_graphs(engine, batch):
         graphs.run = replay
     assert [len(o.token_ids) for o in outs] == [24] * batch
     assert checked and max(checked) == batch  # decode steps went through the graphs
+
+
+@pytest.fixture(scope="module")
+def engine_d128(tmp_path_factory):
+    import json
+
+    from serve.engine import Engine
+
+    # head dim 128 (1024 / 8 heads), 2 KV heads (GQA 4), bf16 cache: new requests' prefill
+    # is attention.extend.cuda on sm_90; prefix caching off so that a second run of the same
+    # prompts prefills from scratch as well
+    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=1024,
+               intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+               num_key_value_heads=2, vocab_size=512, rms_norm_eps=1e-5, hidden_act="silu",
+               bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
+    path = tmp_path_factory.mktemp("cfg128") / "config.json"
+    path.write_text(json.dumps(cfg))
+    return Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", max_num_seqs=8,
+                  max_model_len=1024, num_kv_pages=512, page_size=16,
+                  enable_prefix_caching=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the CUDA prefill kernel is sm_90a only")
+def test_prefill_with_cuda_extend_matches_triton(engine_d128, monkeypatch):
+    """The engine's prefill runs the CUDA prefill kernel (selected for new requests) and gives
+    the tokens and logprobs the Triton extend gives for the same prompts."""
+    import tskernels
+    from serve.engine import SamplingParams
+    from tskernels.ops.attention import cuda_extend
+
+    calls = []
+    real = cuda_extend.CudaExtendPlan.run
+    monkeypatch.setattr(cuda_extend.CudaExtendPlan, "run",
+                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (1, 77, 300, 129, 700)]
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False,
+                        logprobs=0)
+    outs = engine_d128.generate(prompts, sp)
+    assert calls, "the prefill did not run attention.extend.cuda"
+    n_cuda = len(calls)
+    with tskernels.use_backend({"attention.extend": "triton"}):
+        ref = engine_d128.generate(prompts, sp)
+    assert len(calls) == n_cuda, "attention.extend.cuda ran under the Triton override"
+    for a, b in zip(outs, ref):
+        assert a.token_ids == b.token_ids
+        assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), torch.bfloat16,
+                     name="first tokens' logprobs, CUDA vs Triton prefill")
