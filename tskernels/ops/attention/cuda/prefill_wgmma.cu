@@ -1,21 +1,27 @@
-// Causal prefill attention for Hopper (sm_90a): warpgroup MMAs (wgmma) from shared memory,
-// a producer warpgroup feeding a cp.async ring, and two consumer warpgroups taking turns on the
-// tensor cores (one runs its MMAs while the other runs its softmax). Head dim 128, 16-bit
-// q / K / V (bf16, or fp16 with -DFP16), GQA by head index, a ragged batch of requests with no
-// cached prefix: request b's n_b tokens attend to themselves causally, K / V read from the new
-// tokens' own contiguous [T, Hkv, 128] tensors.
+// Causal prefill attention for Hopper (sm_90a): warpgroup MMAs (wgmma) from shared memory fed
+// by TMA, one producer warpgroup and two consumer warpgroups taking turns on the tensor cores
+// (one runs its MMAs while the other runs its softmax). Head dim 128, 16-bit q / K / V (bf16,
+// or fp16 with -DFP16), GQA by head index, a ragged batch of requests with no cached prefix:
+// request b's n_b tokens attend to themselves causally, K / V read from the new tokens' own
+// [T, Hkv, 128] tensors (packed heads, any 16-byte-aligned row stride) through two 2-D TMA
+// descriptors ([T, Hkv * 128], boxes of 64 columns x BN rows, 128-byte swizzle).
 //
 // CTA = 384 threads, one (128-query block, query head) work item:
-//  * warpgroup 0 (producer) copies 64-key K and V tiles into a STAGES-deep ring of 128-byte
-//    swizzled tiles (the layout wgmma's descriptors read), waits for its own copies, fences them
-//    for the async proxy and arrives on the stage's "full" mbarrier;
+//  * warpgroup 0 (producer) gives most of its registers away (setmaxnreg); one thread copies
+//    BN-key K and V tiles into a STAGES-deep ring (4 TMA boxes per stage, completion counted in
+//    bytes on the stage's "full" mbarrier; the consumers' 256 arrivals on "empty" free it);
 //  * warpgroups 1 and 2 (consumers) own query rows 0..63 and 64..127 of the block. Per key tile:
-//    S = Q K^T (8 x m64n64k16, both operands from shared memory) is issued together with the
-//    previous tile's O += P V (4 x m64n128k16, P from registers, V read N-major), then the
-//    softmax of S runs on the registers while the other consumer's MMAs use the tensor cores.
-//    Named barriers hand the MMA issue slot back and forth between the two consumers.
-// Masking: only the diagonal tile of each consumer is masked; the consumer owning rows 0..63
-// skips the block's last tile (entirely above its diagonal) but keeps the barrier protocol.
+//    S = Q K^T (8 x m64nBNk16, both operands from shared memory, K-major) is issued with the
+//    previous tile's O += P V (BN / 16 x m64n128k16, P from registers, V read N-major) as two
+//    commit groups; the softmax of S runs once S is in, while that P V still runs, then O is
+//    rescaled and P packed. Named barriers hand the MMA issue slot back and forth between the
+//    two consumers, so one consumer's MMAs overlap the other's softmax.
+//  * O leaves through the consumer's (by then unused) rows of the Q tile as 16-byte chunks.
+// Masking: only the tiles at or past a consumer's first row are masked; with BN = 64 the
+// consumer owning rows 0..63 skips the block's last tile (above its diagonal) but keeps the
+// barrier protocol. Options (-D): STAGES, BN (64 / 128), FP16; NOPINGPONG and DIRECT_STORE
+// turn the turn-taking and the shared-memory epilogue off (measured alternatives, see
+// benchmarks/RESULTS.md, session 6).
 
 #ifndef STAGES
 #define STAGES 3                   // 226 KB with BN = 128
@@ -39,13 +45,6 @@
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define BAR_OFFSET (Q_BYTES + STAGES * STAGE_BYTES)
 #define SMEM_BYTES (BAR_OFFSET + 16 * STAGES + 1024)  // + alignment slack
-#ifndef LAG                        // producer: tiles in flight before it waits on its copies
-#define LAG (STAGES - 2)           // (at most STAGES - 2: consumers free a stage one tile late)
-#endif
-#ifndef PRODUCER_WARPS             // warps of warpgroup 0 that copy (the others exit)
-#define PRODUCER_WARPS 4
-#endif
-#define PT (32 * PRODUCER_WARPS)
 #ifndef PRODUCER_REGS              // registers per thread after setmaxnreg (warpgroup 0 gives
 #define PRODUCER_REGS 40           // its share to the consumers: 40 + 2 x 232 <= 512)
 #endif
@@ -181,25 +180,6 @@ __device__ __forceinline__ void wgmma_pv(float* d, const u32* a, u64 db) {
 }
 
 
-// one BN-key K or V tile (rows row0.., this KV head's 128 columns) into a swizzled stage tile,
-// by the PT producer threads; rows at or past num_rows are zero-filled. Thread t copies 16-byte
-// chunk t % 16 of rows t / 16 + (PT / 16) i.
-__device__ __forceinline__ void load_tile(u32 dst, const u16* src, long st, int row0,
-                                          int num_rows, int t) {
-    constexpr int RP = PT / 16;  // rows per pass
-    const int r0 = t >> 4, c = t & 15;
-    dst += (c >> 3) * KV_HALF;
-    src += (long)(row0 + r0) * st + c * 8;
-    const int rows = num_rows - row0 - r0;
-#pragma unroll 4
-    for (int i = 0; i < BN / RP; ++i) {
-        const int r = r0 + RP * i;
-        const bool ok = RP * i < rows;
-        cp_async16(dst + r * 128 + (((c & 7) ^ (r & 7)) << 4),
-                   ok ? src + (long)(RP * i) * st : src - (long)(row0 + r0) * st, ok ? 16 : 0);
-    }
-}
-
 // a CUtensorMap (cuda.h is not needed for its 128 opaque bytes): passed by value as a
 // __grid_constant__ kernel parameter, its address is what cp.async.bulk.tensor reads
 struct __align__(64) TensorMap { u64 bytes[16]; };
@@ -218,6 +198,8 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
+// kn / vn / k_st / v_st: the tensors the maps describe (unused by the TMA path; kept so that the
+// launch ABI matches the measured build)
 prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                      const __grid_constant__ TensorMap vmap,
                      const u16* __restrict__ q, const u16* __restrict__ kn,
@@ -241,11 +223,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     const int tid = threadIdx.x, wg = tid >> 7;
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-#ifdef CPASYNC_PRODUCER
-            mbar_init(bars + 8 * s, PT);                   // producer threads
-#else
             mbar_init(bars + 8 * s, 1);                    // the TMA thread (+ bytes)
-#endif
             mbar_init(bars + 8 * (STAGES + s), 256);       // consumer threads
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -256,7 +234,6 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #ifndef NO_SETMAXNREG
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
 #endif
-#ifndef CPASYNC_PRODUCER
         // one thread issues the tile copies (TMA): 4 boxes per stage (K, V x two column halves)
         if (tid == 0) {
             for (int jt = 0; jt < n_tiles; ++jt) {
@@ -271,38 +248,6 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                 tma_load(dst + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
             }
         }
-        return;
-#endif
-        const int t = tid;
-        if (t >= PT) return;
-        const u16* kb = kn + (long)kvh * HD + (long)q_start * k_st;
-        const u16* vb = vn + (long)kvh * HD + (long)q_start * v_st;
-        const int rows_left = num_rows - q_start;
-        for (int jt = 0; jt < n_tiles; ++jt) {
-            const int s = jt % STAGES;
-            if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
-            const u32 dst = skv + s * STAGE_BYTES;
-            {
-                load_tile(dst, kb, k_st, jt * BN, rows_left, t);
-                load_tile(dst + TILE_BYTES, vb, v_st, jt * BN, rows_left, t);
-            }
-#ifdef PRODUCER_NOINC
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
-                         :: "r"(bars + 8 * s) : "memory");
-        }
-#else
-            cp_async_commit();
-            if (jt >= LAG) {
-                cp_async_wait<LAG>();
-                fence_async_shared();
-                mbar_arrive(bars + 8 * ((jt - LAG) % STAGES));
-            }
-        }
-        cp_async_wait<0>();
-        fence_async_shared();
-        for (int jt = max(0, n_tiles - LAG); jt < n_tiles; ++jt)
-            mbar_arrive(bars + 8 * (jt % STAGES));
-#endif
         return;
     }
 
@@ -352,9 +297,6 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         const u32 sk = skv + st * STAGE_BYTES;
         const u32 sv = jt > 0 ? skv + prev * STAGE_BYTES + TILE_BYTES : sk;
         mbar_wait(bars + 8 * st, (jt / STAGES) & 1);
-#ifdef PRODUCER_NOINC
-        fence_async_shared();
-#endif
 #ifndef NOPINGPONG
         named_sync(1 + w, 256);  // my turn to issue MMAs
 #endif
