@@ -421,7 +421,7 @@ def cuda_extend():
         kw = dict(k=d["knew"], v=d["vnew"])
         variants = {"default": cplan}
         for var in filter(None, os.environ.get("CUDA_EXTEND_VARIANTS", "").split(";")):
-            # "EAGER_RESCALE", "STAGES=2,BN=64": -D options / launch configs of experiments
+            # "NOPINGPONG", "STAGES=2,BN=64": -D options / launch configs of experiments
             opts = dict(x.split("=") for x in var.split(",") if x.startswith(("STAGES=", "BN=")))
             defs = [x for x in var.split(",") if not x.startswith(("STAGES=", "BN="))]
             st, bn = int(opts.get("STAGES", ce.STAGES)), int(opts.get("BN", ce.BLOCK_N))

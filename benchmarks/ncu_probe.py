@@ -40,7 +40,7 @@ def main(which: str) -> None:
     elif which == "extend_cuda":  # the CUDA (wgmma) prefill, 4096 new tokens
         from tskernels.ops.attention import cuda_extend as ce
         d = A._make_extend({"N": 4096, "P": 0}, "cuda", gen)
-        # NCU_EXTEND="STAGES=3,PRODUCER_NOINC": launch config / -D options of the CUDA source
+        # NCU_EXTEND="STAGES=2,NOPINGPONG": launch config / -D options of the CUDA source
         opts = [x for x in os.environ.get("NCU_EXTEND", "").split(",") if x]
         kv = dict(x.split("=") for x in opts if x.startswith(("STAGES=", "BN=")))
         plan = ce.CudaExtendPlan(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
