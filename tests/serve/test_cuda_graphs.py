@@ -24,22 +24,28 @@ def engine():
     return eng
 
 
-@pytest.fixture(scope="module")
-def engine_fp8(tmp_path_factory):
+def _llama_d128(tmp_path_factory, kv_heads, **engine_kw):
+    """A 2-layer llama-shaped dummy model with head dim 128 (1024 / 8 heads) on the GPU."""
     import json
 
     from serve.engine import Engine
 
-    # llama-shaped, head dim 128 (1024 / 8 heads), 8 KV heads: the CUDA fp8 decode's traits,
-    # and auto-selected from 8 requests (64 request x KV-head pairs) up
     cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=1024,
                intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-               num_key_value_heads=8, vocab_size=512, rms_norm_eps=1e-5, hidden_act="silu",
-               bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
+               num_key_value_heads=kv_heads, vocab_size=512, rms_norm_eps=1e-5,
+               hidden_act="silu", bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_text(json.dumps(cfg))
-    eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", max_num_seqs=12,
-                 max_model_len=512, num_kv_pages=512, page_size=16, kv_cache_dtype="fp8_e4m3")
+    return Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", page_size=16,
+                  num_kv_pages=512, **engine_kw)
+
+
+@pytest.fixture(scope="module")
+def engine_fp8(tmp_path_factory):
+    # 8 KV heads: the CUDA fp8 decode's traits, auto-selected from 8 requests (64 request x
+    # KV-head pairs) up
+    eng = _llama_d128(tmp_path_factory, 8, max_num_seqs=12, max_model_len=512,
+                      kv_cache_dtype="fp8_e4m3")
     assert eng.runner.graphs is not None, "CUDA graph capture failed (see the log)"
     return eng
 
@@ -96,22 +102,10 @@ def _check_graphs(engine, batch):
 
 @pytest.fixture(scope="module")
 def engine_d128(tmp_path_factory):
-    import json
-
-    from serve.engine import Engine
-
-    # head dim 128 (1024 / 8 heads), 2 KV heads (GQA 4), bf16 cache: new requests' prefill
-    # is attention.extend.cuda on sm_90; prefix caching off so that a second run of the same
-    # prompts prefills from scratch as well
-    cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=1024,
-               intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-               num_key_value_heads=2, vocab_size=512, rms_norm_eps=1e-5, hidden_act="silu",
-               bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
-    path = tmp_path_factory.mktemp("cfg128") / "config.json"
-    path.write_text(json.dumps(cfg))
-    return Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", max_num_seqs=8,
-                  max_model_len=1024, num_kv_pages=512, page_size=16,
-                  enable_prefix_caching=False)
+    # 2 KV heads (GQA 4), bf16 cache: new requests' prefill is attention.extend.cuda on sm_90;
+    # prefix caching off so that a second run of the same prompts prefills from scratch too
+    return _llama_d128(tmp_path_factory, 2, max_num_seqs=8, max_model_len=1024,
+                       enable_prefix_caching=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ...registry import Capability, register
+from .triton_extend import plan_args
 
 SOURCE = Path(__file__).with_name("cuda") / "prefill_wgmma.cu"
 HEAD_DIM = 128
@@ -276,11 +277,8 @@ def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True,
            sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
            v=None):
     """CUDA causal prefill (wgmma, sm_90a) of requests with no cached prefix."""
-    plan = CudaExtendPlan(qo_indptr, page_table, seq_lens, num_q_heads=q.shape[1],
-                          num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
-                          page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
-                          scale=scale, causal=causal, sliding_window=sliding_window,
-                          softcap=softcap)
+    plan = CudaExtendPlan(qo_indptr, page_table, seq_lens,
+                          **plan_args(q, k_cache, scale, causal, sliding_window, softcap))
     return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, k=k,
                     v=v)
 

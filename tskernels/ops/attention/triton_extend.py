@@ -372,13 +372,18 @@ def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True,
            sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
            v=None):
     """Triton paged causal extend / prefill (plans per call; use extend_plan to reuse)."""
-    plan = make_plan(qo_indptr, page_table, seq_lens, num_q_heads=q.shape[1],
-                     num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
-                     page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
-                     scale=scale, causal=causal, sliding_window=sliding_window,
-                     softcap=softcap)
+    plan = make_plan(qo_indptr, page_table, seq_lens,
+                     **plan_args(q, k_cache, scale, causal, sliding_window, softcap))
     return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, k=k,
                     v=v)
+
+
+def plan_args(q, k_cache, scale, causal, sliding_window, softcap) -> dict:
+    """A one-off extend call's plan keywords, read off q [T, Hq, D] and the cache (shared by the
+    backends' `extend` functions)."""
+    return dict(num_q_heads=q.shape[1], num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
+                page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
+                scale=scale, causal=causal, sliding_window=sliding_window, softcap=softcap)
 
 
 def make_plan(qo_indptr, page_table, seq_lens, **kw) -> ExtendPlan:

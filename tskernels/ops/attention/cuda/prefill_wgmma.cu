@@ -197,9 +197,26 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
                  :: "r"(bar), "r"(bytes) : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1)
+// before a batch of MMAs: the accumulator and P registers were last written by ordinary
+// instructions (rescale, packing); fence them, then wgmma.fence
+__device__ __forceinline__ void operands_ready(float* acc, u32* p) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
+    wgmma_fence();
+}
+
+// O += P V over one BN-key V tile at shared address sv (N-major, two 64-column halves)
+__device__ __forceinline__ void issue_pv(float* acc, const u32* p, u32 sv) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_pv(acc, p + 4 * kk, desc(sv + kk * 16 * 128, KV_HALF, 1024));
+}
+
 // kn / vn / k_st / v_st: the tensors the maps describe (unused by the TMA path; kept so that the
 // launch ABI matches the measured build)
+extern "C" __global__ void __launch_bounds__(384, 1)
 prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                      const __grid_constant__ TensorMap vmap,
                      const u16* __restrict__ q, const u16* __restrict__ kn,
@@ -300,19 +317,13 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #ifndef NOPINGPONG
         named_sync(1 + w, 256);  // my turn to issue MMAs
 #endif
-#pragma unroll
-        for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
-#pragma unroll
-        for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
-        wgmma_fence();
+        operands_ready(acc, p);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
             wgmma_qk(s, desc(sq + (kk >> 2) * Q_HALF + w * 64 * 128 + (kk & 3) * 32, 16, 1024),
                      desc(sk + (kk >> 2) * KV_HALF + (kk & 3) * 32, 16, 1024), kk > 0);
         wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_pv(acc, p + 4 * kk, desc(sv + kk * 16 * 128, KV_HALF, 1024));
+        issue_pv(acc, p, sv);
         wgmma_commit();
 #ifndef NOPINGPONG
         if (w == 0 || jt < n_tiles - 1) named_arrive(2 - w, 256);  // the other's turn
@@ -381,14 +392,8 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #ifndef NOPINGPONG
         if (skip) named_sync(1 + w, 256);
 #endif
-#pragma unroll
-        for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
-#pragma unroll
-        for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_pv(acc, p + 4 * kk, desc(sv + kk * 16 * 128, KV_HALF, 1024));
+        operands_ready(acc, p);
+        issue_pv(acc, p, sv);
         wgmma_commit();
 #ifndef NOPINGPONG
         if (skip) named_arrive(2 - w, 256);
