@@ -464,6 +464,33 @@ def cuda_extend():
               flush=True)
         del d
         torch.cuda.empty_cache()
+    # the paged variant (every key from the cache) on the bench's shapes, next to SDPA and the
+    # Triton extend (CUDA_EXTEND_PAGED="1024x16384,4096x0": new tokens x cached prefix)
+    for spec in filter(None, os.environ.get("CUDA_EXTEND_PAGED", "").split(",")):
+        N, P = (int(x) for x in spec.split("x"))
+        shape = {"N": N, "P": P}
+        gen = torch.Generator("cuda").manual_seed(0)
+        d = _prepare_extend(_make_extend(shape, "cuda", gen))
+        ref = _sdpa_extend(d, d["kcont"], d["vcont"])[0].transpose(0, 1).float()
+        pplan = ce.CudaExtendPlan(d["qo"], d["pt"], d["lens"], num_q_heads=32, num_kv_heads=8,
+                                  head_dim=128, page_size=16, q_dtype=torch.bfloat16,
+                                  kv_dtype=torch.bfloat16, scale=128 ** -0.5, paged=True)
+        o = pplan.run(d["q"], d["kc"], d["vc"]).float()
+        err = ((o - ref).norm() / ref.norm()).item()
+        kw = dict(k=d["knew"], v=d["vnew"])
+        t = {name: _time(fn, [d], iters=20) for name, fn in (
+            ("sdpa", lambda d: _sdpa_extend(d, d["kcont"], d["vcont"])),
+            ("triton", lambda d: d["plan_triton"].run(d["q"], d["kc"], d["vc"], out=d["out"],
+                                                      **kw)),
+            ("cuda_paged", lambda d: pplan.run(d["q"], d["kc"], d["vc"], out=d["out"])))}
+        flops = _extend_flops(shape)
+        rows.append(dict(paged_shape=shape, us=t, err=err,
+                         tflops={k_: flops / u / 1e6 for k_, u in t.items()}))
+        print(f"PAGED N={N} P={P}: sdpa {t['sdpa']:.1f} us, triton {t['triton']:.1f}, cuda_paged "
+              f"{t['cuda_paged']:.1f} ({flops / t['cuda_paged'] / 1e6:.0f} TFLOP/s, err "
+              f"{err:.1e}) -> x{t['sdpa'] / t['cuda_paged']:.3f} SDPA", flush=True)
+        del d
+        torch.cuda.empty_cache()
     # ragged batches (serving-like prefill), CUDA vs Triton extend, both as the registry plans
     # them (CUDA_EXTEND_RAGGED="512x1024x...;..." request lengths; heads "hq/hkv" per batch)
     import tskernels.ops.attention as attn

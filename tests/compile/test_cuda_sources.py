@@ -64,19 +64,22 @@ def test_cuda_decode_compiles(arch, tmp_path):
 
 WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16|f16)")
 TMA = re.compile(r"cp\.async\.bulk\.tensor\.2d")
-# (keys per tile, stages, fp16): the shipped config and the ones the GPU tier launches
-PREFILL_CONFIGS = [(128, 3, False), (128, 3, True), (128, 2, False), (64, 4, False)]
+# (keys per tile, stages, fp16, paged): the shipped configs and the ones the GPU tier launches
+PREFILL_CONFIGS = [(128, 3, False, False), (128, 3, True, False), (128, 2, False, False),
+                   (64, 4, False, False), (128, 3, False, True), (128, 3, True, True),
+                   (64, 4, False, True), (128, 2, False, True)]
 
 
 def test_cuda_prefill_compiles(tmp_path):
     """The wgmma prefill builds for sm_90a (its only target: wgmma and setmaxnreg need the
     arch-specific feature set) with the warpgroup MMAs and TMA copies in its PTX, no spills
     and no serialised MMAs (ptxas reports those as "Potential Performance Loss")."""
-    spec = next(k for k in tskernels.kernels() if k.name == "attention.extend.cuda")
-    assert spec.verification.compiled == frozenset({"sm_90"})
+    for name in ("attention.extend.cuda", "attention.extend.cuda_paged"):
+        spec = next(k for k in tskernels.kernels() if k.name == name)
+        assert spec.verification.compiled == frozenset({"sm_90"})
     rows = []
-    for bn, stages, fp16 in PREFILL_CONFIGS:
-        opts = cuda_extend.nvcc_options(fp16, stages, bn)
+    for bn, stages, fp16, paged in PREFILL_CONFIGS:
+        opts = cuda_extend.nvcc_options(fp16, stages, bn, paged=paged)
         src = str(cuda_extend.SOURCE)
         ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", src, "-o",
                               str(tmp_path / "p.ptx")], capture_output=True, text=True)
@@ -89,7 +92,7 @@ def test_cuda_prefill_compiles(tmp_path):
         regs = re.search(r"Used (\d+) registers", cub.stderr)
         spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
         rows.append(dict(target="sm_90a", kernel="prefill_wgmma", block_n=bn, stages=stages,
-                         fp16=fp16, registers=int(regs.group(1)) if regs else None,
+                         fp16=fp16, paged=paged, registers=int(regs.group(1)) if regs else None,
                          spill_bytes=int(spill.group(1)) if spill else 0,
                          wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)),
                          serialized="Potential Performance Loss" in cub.stderr))

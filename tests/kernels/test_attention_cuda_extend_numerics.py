@@ -23,33 +23,34 @@ from tskernels.testing import strategies as tst
 
 try:  # tests/kernels as a package or as a plain directory on sys.path
     from .test_attention_common import make_paged, ref_extend
-    from .test_attention_extend import new_token_kv
 except ImportError:
     from test_attention_common import make_paged, ref_extend
-    from test_attention_extend import new_token_kv
 
 
-def model_prefill(q, k, v, counts, scale, block_n=128):
-    """What the kernel computes, in torch float32 (see the module docstring)."""
+def model_prefill(q, kseqs, vseqs, counts, scale, block_n=128):
+    """What the kernel computes, in torch float32 (see the module docstring). kseqs / vseqs:
+    each request's keys / values [L_b, Hkv, D]; its n_b queries sit at positions L_b - n_b .."""
     c = scale * math.log2(math.e)
-    g = q.shape[1] // k.shape[1]
+    g = q.shape[1] // kseqs[0].shape[1] if kseqs else 1
     out = torch.empty(q.shape, dtype=q.dtype)
     start = 0
-    for n in counts:
+    for n, kseq, vseq in zip(counts, kseqs, vseqs):
+        pre = kseq.shape[0] - n
         qs = q[start:start + n].float().transpose(0, 1)                       # [Hq, n, D]
-        ks = k[start:start + n].float().transpose(0, 1).repeat_interleave(g, 0)
-        vs = v[start:start + n].float().transpose(0, 1).repeat_interleave(g, 0)
+        ks = kseq.float().transpose(0, 1).repeat_interleave(g, 0)             # [Hq, L, D]
+        vs = vseq.float().transpose(0, 1).repeat_interleave(g, 0)
         for r0 in range(0, n, 64):  # one consumer warpgroup's rows
             rows = torch.arange(r0, min(r0 + 64, n))
             qr = qs[:, rows]
             m = torch.full((q.shape[1], len(rows)), -math.inf)
             l_ = torch.zeros_like(m)
             o = torch.zeros(q.shape[1], len(rows), q.shape[2])
-            for j0 in range(0, int(rows[-1]) + 1, block_n):
-                keys = torch.arange(j0, min(j0 + block_n, n))
+            for j0 in range(0, pre + int(rows[-1]) + 1, block_n):
+                keys = torch.arange(j0, min(j0 + block_n, kseq.shape[0]))
                 s = qr @ ks[:, keys].transpose(1, 2)
-                if j0 + block_n - 1 > r0:  # the diagonal tile(s) of this group
-                    s = s.masked_fill(keys[None, None, :] > rows[None, :, None], -math.inf)
+                if j0 + block_n - 1 > pre + r0:  # the diagonal tile(s) of this group
+                    s = s.masked_fill(keys[None, None, :] > pre + rows[None, :, None],
+                                      -math.inf)
                 m_new = torch.maximum(m, s.amax(-1) * c)
                 alpha = torch.exp2(m - m_new)
                 p = torch.exp2(s * c - m_new[..., None])
@@ -62,10 +63,24 @@ def model_prefill(q, k, v, counts, scale, block_n=128):
     return out
 
 
+def _sequences(kv, lens):
+    """Each request's whole K and V ([L, Hkv, D]) gathered from the paged cache."""
+    ps = kv.k_cache.shape[1]
+    ks, vs = [], []
+    for b, L in enumerate(lens):
+        slots = [(int(kv.page_table[b, j // ps]), j % ps) for j in range(L)]
+        ks.append(torch.stack([kv.k_cache[p, s] for p, s in slots]) if slots else
+                  kv.k_cache[:0, 0])
+        vs.append(torch.stack([kv.v_cache[p, s] for p, s in slots]) if slots else
+                  kv.v_cache[:0, 0])
+    return ks, vs
+
+
 @st.composite
 def problem(draw):
     hkv = draw(st.integers(1, 2))
     return dict(lens=draw(tst.seq_lens(max_batch=3, max_len=300)), hkv=hkv,
+                prefix=draw(st.booleans()), page_size=draw(st.sampled_from([8, 16, 64])),
                 group=draw(st.sampled_from([1, 2, 4, 8])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
                 spread=draw(st.sampled_from([0.0, 1.0, 4.0])),
@@ -75,15 +90,19 @@ def problem(draw):
 
 @given(c=problem())
 def test_cuda_prefill_arithmetic_matches_reference(c):
+    """No prefix (the contiguous-K/V kernel) and cached prefixes (the paged one)."""
     gen = torch.Generator().manual_seed(c["seed"])
-    kv = make_paged(c["lens"], 16, c["hkv"], 128, c["dtype"], None, "cpu", gen)
+    lens = c["lens"]
+    kv = make_paged(lens, c["page_size"], c["hkv"], 128, c["dtype"], None, "cpu", gen)
+    new = [n if not c["prefix"] else int(torch.randint(0, n + 1, (1,), generator=gen))
+           for n in lens]
     hq = c["hkv"] * c["group"]
-    k, v = new_token_kv(kv, c["lens"], c["lens"])
-    T = k.shape[0]
+    T = sum(new)
     # spread 0: all-zero q (uniform softmax); larger: wide logit ranges, most p tiny
     q = (torch.randn(T, hq, 128, generator=gen) * c["spread"]).to(c["dtype"])
-    o = model_prefill(q, k, v, c["lens"], 128 ** -0.5, c["block_n"])
-    indptr = torch.tensor([0, *torch.tensor(c["lens"], dtype=torch.long).cumsum(0).tolist()],
+    ks, vs = _sequences(kv, lens)
+    o = model_prefill(q, ks, vs, new, 128 ** -0.5, c["block_n"])
+    indptr = torch.tensor([0, *torch.tensor(new, dtype=torch.long).cumsum(0).tolist()],
                           dtype=torch.int32)
     truth, same = ref_extend(q, kv, indptr)
     assert_close(o, truth, baseline=same, name=f"cuda prefill arithmetic {c}")

@@ -48,9 +48,9 @@ def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
 
 
 def nvcc_options(fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
-                 extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+                 extra: tuple[str, ...] = (), paged: bool = False) -> tuple[str, ...]:
     return ("-std=c++17", f"-DSTAGES={stages}", f"-DBN={block_n}",
-            *(("-DFP16",) if fp16 else ()), *extra)
+            *(("-DFP16",) if fp16 else ()), *(("-DPAGED",) if paged else ()), *extra)
 
 
 def _nvrtc_cubin(source: str, options: tuple[str, ...], arch: str) -> bytes:
@@ -80,11 +80,11 @@ def _nvrtc_cubin(source: str, options: tuple[str, ...], arch: str) -> bytes:
 
 
 def _function(device: torch.device, fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
-              extra: tuple[str, ...] = ()):
+              extra: tuple[str, ...] = (), paged: bool = False):
     """The compiled kernel (a CUfunction) for (device, dtype, stages, tile), built once:
     NVRTC -> cubin -> driver module in the device's primary context (torch's).
     extra: more -D options (experiments in benchmarks/attention_gpu.py)."""
-    key = (device.index, fp16, stages, block_n, extra)
+    key = (device.index, fp16, stages, block_n, extra, paged)
     with _lock:
         fn = _modules.get(key)
         if fn is None:
@@ -92,7 +92,7 @@ def _function(device: torch.device, fp16: bool, stages: int = STAGES, block_n: i
             if (major, minor) != (9, 0):
                 raise RuntimeError(f"CUDA extend: sm_90a (Hopper) only, device is "
                                    f"sm_{major}{minor}")
-            cubin = _nvrtc_cubin(SOURCE.read_text(), nvcc_options(fp16, stages, block_n, extra),
+            cubin = _nvrtc_cubin(SOURCE.read_text(), nvcc_options(fp16, stages, block_n, extra, paged),
                                  "sm_90a")
             cu = _driver()
             with torch.cuda.device(device):
@@ -125,12 +125,15 @@ def _driver():
 
 
 def tensor_map(t: torch.Tensor, box_rows: int) -> ctypes.Array:
-    """The TMA descriptor (CUtensorMap, 128 bytes) of t [rows, heads, 128] seen as a 2-D
-    [rows, heads * 128] tensor: boxes of 64 columns x box_rows rows, 128-byte swizzle (the
-    layout the kernel's wgmma descriptors read), rows past the end read as zeros."""
+    """The TMA descriptor (CUtensorMap, 128 bytes) of t [rows, heads, 128] (or a paged cache
+    [pages, page_size, heads, 128], rows = pages * page_size) seen as a 2-D [rows, heads * 128]
+    tensor: boxes of 64 columns x box_rows rows, 128-byte swizzle (the layout the kernel's wgmma
+    descriptors read), rows past the end read as zeros."""
     cu = _driver()
     dt = {torch.bfloat16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
           torch.float16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[t.dtype]
+    if t.dim() == 4:
+        t = t.view(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
     rows, cols = t.shape[0], t.shape[1] * t.shape[2]
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     rest = ([u64(cols), u64(rows)], [u64(t.stride(0) * t.element_size())],
@@ -161,10 +164,12 @@ def _launch(fn, grid: int, smem: int, stream: int, args) -> None:
     _check(err, "cuLaunchKernel")
 
 
-def work_list(counts, block_m: int = BLOCK_M) -> list[tuple[int, int]]:
-    """(request, query block) pairs, longest first (the last blocks of long requests)."""
+def work_list(counts, block_m: int = BLOCK_M, prefixes=None) -> list[tuple[int, int]]:
+    """(request, query block) pairs, the blocks that see the most keys first (the last blocks
+    of long requests; with cached prefixes, `prefixes[b]` keys more)."""
+    pre = prefixes or [0] * len(counts)
     work = [(b, i) for b, n in enumerate(counts) for i in range(-(-n // block_m))]
-    work.sort(key=lambda bi: -min((bi[1] + 1) * block_m, counts[bi[0]]))
+    work.sort(key=lambda bi: -(pre[bi[0]] + min((bi[1] + 1) * block_m, counts[bi[0]])))
     return work
 
 
@@ -174,7 +179,10 @@ class CudaExtendPlan:
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
-                 sliding_window=None, softcap=None, stages=STAGES, block_n=BLOCK_N, extra=()):
+                 sliding_window=None, softcap=None, stages=STAGES, block_n=BLOCK_N, extra=(),
+                 paged=False):
+        """paged: read K/V from the paged cache (any cached prefix; page sizes 8-256, powers
+        of two) instead of from the new tokens' own k / v (no prefix)."""
         if head_dim != HEAD_DIM:
             raise ValueError(f"CUDA extend: head_dim {HEAD_DIM} only, got {head_dim}")
         if q_dtype not in (torch.bfloat16, torch.float16) or kv_dtype != q_dtype:
@@ -191,27 +199,37 @@ class CudaExtendPlan:
             raise ValueError("CUDA extend: tensors must be on a CUDA device")
         counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
         lens = seq_lens.tolist()
-        if any(n != L for n, L in zip(counts, lens)):
+        self.paged = paged
+        if paged:
+            if page_size & (page_size - 1) or not 8 <= page_size <= 256:
+                raise ValueError(f"CUDA paged extend: page size a power of two in 8..256, got "
+                                 f"{page_size}")
+            if any(L < n for n, L in zip(counts, lens)):
+                raise ValueError("CUDA paged extend: seq_lens below the new tokens' count")
+            self.page_table, self.seq_lens, self.page_size = page_table, seq_lens, page_size
+        elif any(n != L for n, L in zip(counts, lens)):
             raise ValueError("CUDA extend: every request's tokens must all be new (no cached "
                              "prefix: seq_lens == new tokens); use the Triton backend")
         self.qo_indptr, self.device = qo_indptr, dev
         self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
         self.q_dtype, self.scale = q_dtype, scale
         self.num_rows = int(qo_indptr[-1].item()) if qo_indptr.numel() else 0
-        work = work_list(counts)
+        work = work_list(counts, prefixes=[L - n for n, L in zip(counts, lens)])
         self.num_blocks = len(work)
         self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32, device=dev).reshape(-1)
         if block_n not in (64, 128) or not 2 <= stages or smem_bytes(stages, block_n) > 232448:
             raise ValueError(f"CUDA extend: block_n 64 or 128 and 2+ stages within 227 KB, got "
                              f"{block_n}, {stages}")
         self.block_n = block_n
-        self._fn = _function(dev, q_dtype == torch.float16, stages, block_n, tuple(extra))
+        self._fn = _function(dev, q_dtype == torch.float16, stages, block_n, tuple(extra), paged)
         self._smem = smem_bytes(stages, block_n)  # (compiled now, not inside a graph capture)
 
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None,
             k=None, v=None):
         """q [T, Hq, 128] -> o [T, Hq, 128]; k, v: the new tokens' K/V [T, Hkv, 128]
-        (required: this kernel reads nothing from the pages)."""
+        (required unless the plan is paged, which reads every key from the caches)."""
+        if self.paged:
+            return self._run_paged(q, k_cache, v_cache, sinks, k_scale, v_scale, out)
         check_run_args(self, q, k, v, sinks, k_scale, v_scale, out)
         o = torch.empty_like(q) if out is None else out
         if self.num_blocks == 0:
@@ -228,38 +246,88 @@ class CudaExtendPlan:
         return o
 
 
-def check_run_args(plan, q, k, v, sinks, k_scale, v_scale, out) -> None:
-    """What `run` relies on and the kernel cannot check (host-side, no sync)."""
+    def _run_paged(self, q, k_cache, v_cache, sinks, k_scale, v_scale, out):
+        _check_options(sinks, k_scale, v_scale)
+        _check_q_out(self, q, out)
+        check_cache_args(self, q, k_cache, v_cache)
+        o = torch.empty_like(q) if out is None else out
+        if self.num_blocks == 0:
+            return o
+        c = ctypes
+        box = min(self.page_size, self.block_n)
+        args = (tensor_map(k_cache, box), tensor_map(v_cache, box), tensor_map(k_cache, 1),
+                tensor_map(v_cache, 1),
+                *(c.c_uint64(t.data_ptr()) for t in (q, o, self.qo_indptr, self.work,
+                                                      self.seq_lens, self.page_table)),
+                c.c_float(self.scale * LOG2E), c.c_int(self.hq), c.c_int(self.group),
+                c.c_int(self.page_size.bit_length() - 1),
+                *(c.c_int64(s) for s in (q.stride(0), q.stride(1), o.stride(0), o.stride(1),
+                                         self.page_table.stride(0))))
+        _launch(self._fn, self.num_blocks * self.hq, self._smem,
+                torch.cuda.current_stream(q.device).cuda_stream, args)
+        return o
+
+
+def check_cache_args(plan, q, k_cache, v_cache) -> None:
+    """The paged plan's caches: q's dtype, [pages, page_size, Hkv, 128], contiguous (seen as
+    one 2-D [pages * page_size, Hkv * 128] tensor by TMA), 16-byte aligned, on q's device."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        shape_ok = t.dim() == 4 and tuple(t.shape[1:]) == (plan.page_size, plan.hkv, HEAD_DIM)
+        if t.dtype != q.dtype or not shape_ok or not t.is_contiguous() or \
+                t.data_ptr() % 16 or t.device != q.device:
+            raise ValueError(f"CUDA paged extend: {name} must be a contiguous [pages, "
+                             f"{plan.page_size}, {plan.hkv}, {HEAD_DIM}] {q.dtype} tensor on "
+                             f"{q.device}, got {tuple(t.shape)} {t.dtype} strides "
+                             f"{tuple(t.stride())}")
+
+
+def _check_options(sinks, k_scale, v_scale) -> None:
     if sinks is not None or k_scale is not None or v_scale is not None:
         raise ValueError("CUDA extend: no attention sinks and no KV scales (16-bit cache)")
-    if k is None or v is None:
-        raise ValueError("CUDA extend: pass the new tokens' k and v ([T, Hkv, 128]); this "
-                         "kernel reads K/V from them, not from the pages")
+
+
+def _check_q_out(plan, q, out) -> None:
     T = plan.num_rows
     if q.dtype != plan.q_dtype or tuple(q.shape) != (T, plan.hq, HEAD_DIM) or \
             q.stride(2) != 1 or q.device != plan.device:
         raise ValueError(f"CUDA extend: q must be [{T}, {plan.hq}, {HEAD_DIM}] {plan.q_dtype} "
                          f"on {plan.device} with a contiguous last dim, got {tuple(q.shape)} "
                          f"{q.dtype} on {q.device}, strides {tuple(q.stride())}")
+    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or
+                            out.stride(2) != 1 or out.device != q.device):
+        raise ValueError(f"CUDA extend: out must be {tuple(q.shape)} {q.dtype} with a "
+                         f"contiguous last dim, got {tuple(out.shape)} {out.dtype}")
+    for name, t in (("q", q), *((("out", out),) if out is not None else ())):
+        if t.data_ptr() % 16 or t.stride(0) % 8 or t.stride(1) % 8:
+            raise ValueError(f"CUDA extend: {name} rows must be 16-byte aligned (strides "
+                             f"{tuple(t.stride())})")
+
+
+def check_run_args(plan, q, k, v, sinks, k_scale, v_scale, out) -> None:
+    """What `run` relies on and the kernel cannot check (host-side, no sync)."""
+    _check_options(sinks, k_scale, v_scale)
+    if k is None or v is None:
+        raise ValueError("CUDA extend: pass the new tokens' k and v ([T, Hkv, 128]); this "
+                         "kernel reads K/V from them, not from the pages")
+    _check_q_out(plan, q, out)
+    T = plan.num_rows
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype or tuple(t.shape) != (T, plan.hkv, HEAD_DIM) or \
                 t.stride(2) != 1 or t.stride(1) != HEAD_DIM or t.device != q.device:
             raise ValueError(f"CUDA extend: {name} must be [{T}, {plan.hkv}, {HEAD_DIM}] "
                              f"{q.dtype} with packed heads, got {tuple(t.shape)} {t.dtype} "
                              f"strides {tuple(t.stride())}")
-    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or
-                            out.stride(2) != 1 or out.device != q.device):
-        raise ValueError(f"CUDA extend: out must be {tuple(q.shape)} {q.dtype} with a "
-                         f"contiguous last dim, got {tuple(out.shape)} {out.dtype}")
-    outs = [out] if out is not None else []
-    for name, t in (("q", q), ("k", k), ("v", v), *(("out", x) for x in outs)):
-        if t.data_ptr() % 16 or t.stride(0) % 8 or (name in ("q", "out") and t.stride(1) % 8):
+        if t.data_ptr() % 16 or t.stride(0) % 8:
             raise ValueError(f"CUDA extend: {name} rows must be 16-byte aligned (strides "
                              f"{tuple(t.stride())})")
 
 
 def make_plan(qo_indptr, page_table, seq_lens, **kw) -> CudaExtendPlan:
     return CudaExtendPlan(qo_indptr, page_table, seq_lens, **kw)
+
+
+def make_paged_plan(qo_indptr, page_table, seq_lens, **kw) -> CudaExtendPlan:
+    return CudaExtendPlan(qo_indptr, page_table, seq_lens, paged=True, **kw)
 
 
 TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
@@ -284,3 +352,30 @@ def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True,
 
 
 extend.make_plan = make_plan
+
+
+PAGED_TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
+                "sliding_window": lambda x: not x, "sinks": lambda x: not x,
+                "causal": lambda x: bool(x),
+                "page_size": lambda p: 8 <= p <= 256 and p & (p - 1) == 0}
+
+
+# The same kernel reading every key from the paged cache (-DPAGED): chunked prefill over a
+# cached prefix, the agentic turn's shape. Compile-checked only so far: not run on a GPU yet,
+# so the registry offers it only when named (backend="cuda_paged") or with allow_unverified.
+@register("attention", "extend", backend="cuda_paged",
+          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
+                                modules=frozenset({"cuda.bindings"})),
+          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")},
+          traits=PAGED_TRAITS, band="specialized", tags=("deterministic", "throughput"),
+          compiled=("sm_90",))
+def extend_paged(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
+                 sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None,
+                 k=None, v=None):
+    """CUDA causal extend (wgmma + TMA from the paged cache, sm_90a), any cached prefix."""
+    plan = CudaExtendPlan(qo_indptr, page_table, seq_lens, paged=True,
+                          **plan_args(q, k_cache, scale, causal, sliding_window, softcap))
+    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
+
+
+extend_paged.make_plan = make_paged_plan

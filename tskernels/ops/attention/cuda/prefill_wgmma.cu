@@ -214,6 +214,23 @@ __device__ __forceinline__ void issue_pv(float* acc, const u32* p, u32 sv) {
         wgmma_pv(acc, p + 4 * kk, desc(sv + kk * 16 * 128, KV_HALF, 1024));
 }
 
+#ifdef PAGED
+// K / V from the paged cache (any cached prefix): kmap / vmap see a layer's cache as a 2-D
+// [pages * page_size, Hkv * 128] tensor with boxes of min(page_size, BN) rows (one page, or a
+// tile's part of one), kmap1 / vmap1 the same tensor with 1-row boxes (a last, partial page:
+// slots past a request's length are never read, whatever they hold). page_size = 1 << page_shift,
+// 8 .. 256.
+extern "C" __global__ void __launch_bounds__(384, 1)
+prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
+                     const __grid_constant__ TensorMap vmap,
+                     const __grid_constant__ TensorMap kmap1,
+                     const __grid_constant__ TensorMap vmap1,
+                     const u16* __restrict__ q, u16* __restrict__ o,
+                     const int* __restrict__ qo_indptr, const int* __restrict__ work,
+                     const int* __restrict__ seq_lens, const int* __restrict__ page_table,
+                     float c, int hq, int group, int page_shift, long q_st, long q_sh,
+                     long o_st, long o_sh, long pt_st) {
+#else
 // kn / vn / k_st / v_st: the tensors the maps describe (unused by the TMA path; kept so that the
 // launch ABI matches the measured build)
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -224,6 +241,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                      const int* __restrict__ qo_indptr, const int* __restrict__ work,
                      float c, int num_rows, int hq, int group, long q_st, long q_sh, long k_st,
                      long v_st, long o_st, long o_sh) {
+#endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
@@ -234,8 +252,13 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     const int h = pid % hq, wi = pid / hq, kvh = h / group;
     const int b = work[2 * wi], m0 = work[2 * wi + 1] * BM;
     const int q_start = qo_indptr[b], n = qo_indptr[b + 1] - q_start;
+#ifdef PAGED
+    const int pre = seq_lens[b] - n;              // cached prefix: query i sits at pre + i
+#else
+    const int pre = 0;
+#endif
     const int last = min(m0 + BM, n) - 1;         // last query row of the block (local)
-    const int n_tiles = last / BN + 1;            // keys 0 .. last
+    const int n_tiles = (pre + last) / BN + 1;    // keys 0 .. pre + last
 
     const int tid = threadIdx.x, wg = tid >> 7;
     if (tid == 0) {
@@ -245,6 +268,14 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#ifdef PAGED
+    // rows a tile does not load (past the request's last key) keep what the stage held before:
+    // zeros at first, so that P = 0 never meets a non-finite V (0 * NaN = NaN)
+    for (int i = tid; i < STAGES * STAGE_BYTES / 16; i += 384)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
+                     :: "r"(skv + 16 * i), "r"(0) : "memory");
+    fence_async_shared();  // before the TMA (async proxy) writes the same bytes
+#endif
     __syncthreads();
 
     if (wg == 0) {  // producer
@@ -253,16 +284,39 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #endif
         // one thread issues the tile copies (TMA): 4 boxes per stage (K, V x two column halves)
         if (tid == 0) {
+#ifdef PAGED
+            const int L = pre + n, box = min(1 << page_shift, BN), pmask = (1 << page_shift) - 1;
+            const int* pt = page_table + (long)b * pt_st;
+#endif
             for (int jt = 0; jt < n_tiles; ++jt) {
                 const int s = jt % STAGES;
                 if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
                 const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
+#ifdef PAGED
+                // the tile's keys j0 .. j0 + rows - 1, page by page (a box per page part), the
+                // last partial page row by row
+                const int j0 = jt * BN, rows = min(BN, L - j0), col = kvh * HD;
+                mbar_expect_tx(full, rows * 2 * HD * 2);
+                for (int j = j0; j < j0 + rows;) {
+                    const int row = (pt[j >> page_shift] << page_shift) + (j & pmask);
+                    const u32 d = dst + (j - j0) * 128;
+                    const bool whole = j + box <= j0 + rows;
+                    const TensorMap* km = whole ? &kmap : &kmap1;
+                    const TensorMap* vm = whole ? &vmap : &vmap1;
+                    tma_load(d, km, col, row, full);
+                    tma_load(d + KV_HALF, km, col + 64, row, full);
+                    tma_load(d + TILE_BYTES, vm, col, row, full);
+                    tma_load(d + TILE_BYTES + KV_HALF, vm, col + 64, row, full);
+                    j += whole ? box : 1;
+                }
+#else
                 mbar_expect_tx(full, STAGE_BYTES);
                 const int row = q_start + jt * BN, col = kvh * HD;
                 tma_load(dst, &kmap, col, row, full);
                 tma_load(dst + KV_HALF, &kmap, col + 64, row, full);
                 tma_load(dst + TILE_BYTES, &vmap, col, row, full);
                 tma_load(dst + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
+#endif
             }
         }
         return;
@@ -274,7 +328,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #endif
     const int w = wg - 1, tw = tid - 128 * wg;
     const int warp = tw >> 5, lane = tw & 31, qr = lane >> 2, qc = lane & 3;
-    const int rowA = m0 + 64 * w + 16 * warp + qr, rowB = rowA + 8;  // local query rows
+    const int rowA = m0 + 64 * w + 16 * warp + qr;  // local query row (and rowA + 8)
     {   // this warpgroup's 64 query rows into the swizzled Q tile
         const u16* qb = q + (long)h * q_sh;
 #pragma unroll
@@ -291,8 +345,9 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         named_sync(3 + w, 128);
     }
     const int wlast = min(m0 + 64 * w + 63, n - 1);  // this warpgroup's last valid row
-    const int n_vis = wlast / BN + 1;                 // tiles it sees (n_tiles or one less)
-    const int diag = (m0 + 64 * w) / BN;              // first tile needing the causal mask
+    const int n_vis = (pre + wlast) / BN + 1;         // tiles it sees (n_tiles or one less)
+    const int diag = (pre + m0 + 64 * w) / BN;        // first tile needing the causal mask
+    const int posA = pre + rowA, posB = posA + 8;     // the rows' positions (keys they see)
 
     float acc[64], s[BN / 2], mA = NEG_INF, mB = NEG_INF, lA = 0.f, lB = 0.f;
     u32 p[BN / 4];
@@ -338,8 +393,8 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = jt * BN + 8 * i + 2 * qc + e;
-                    if (key > rowA) s[4 * i + e] = NEG_INF;
-                    if (key > rowB) s[4 * i + 2 + e] = NEG_INF;
+                    if (key > posA) s[4 * i + e] = NEG_INF;
+                    if (key > posB) s[4 * i + 2 + e] = NEG_INF;
                 }
             }
         }
@@ -412,8 +467,8 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #pragma unroll
         for (int i = 0; i < 16; ++i) dst[4 * i] = pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
     }
-    if (rowB < n) {
-        u32* dst = (u32*)(ob + (long)(q_start + rowB) * o_st);
+    if (rowA + 8 < n) {
+        u32* dst = (u32*)(ob + (long)(q_start + rowA + 8) * o_st);
 #pragma unroll
         for (int i = 0; i < 16; ++i)
             dst[4 * i] = pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
