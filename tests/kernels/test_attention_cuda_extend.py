@@ -53,16 +53,17 @@ def _inputs(c):
     return kv, indptr, q, k, v
 
 
-def _plan(c, kv, indptr):
+def _plan(c, kv, indptr, paged=False):
     if c.get("tile") is None:
         return attn.extend_plan(indptr, kv.page_table, kv.seq_lens, num_q_heads=c["hq"],
-                                k_cache=kv.k_cache, q_dtype=c["dtype"], backend="cuda")
+                                k_cache=kv.k_cache, q_dtype=c["dtype"],
+                                backend="cuda_paged" if paged else "cuda")
     from tskernels.ops.attention.cuda_extend import CudaExtendPlan
     bn, stages = c["tile"]
     return CudaExtendPlan(indptr, kv.page_table, kv.seq_lens, num_q_heads=c["hq"],
                           num_kv_heads=c["hkv"], head_dim=128, page_size=c["page_size"],
                           q_dtype=c["dtype"], kv_dtype=c["dtype"], scale=128 ** -0.5,
-                          block_n=bn, stages=stages)
+                          block_n=bn, stages=stages, paged=paged)
 
 
 def _run(c):
@@ -70,12 +71,19 @@ def _run(c):
     if c.get("one_shot"):
         o = attn.extend(q, kv.k_cache, kv.v_cache, indptr, kv.page_table, kv.seq_lens, k=k,
                         v=v, backend="cuda")
+        truth, same = ref_extend(q, kv, indptr)
+        assert_close(o, truth, baseline=same, name=f"cuda prefill {c}")
     else:
-        out = poisoned_like(q)
-        o = _plan(c, kv, indptr).run(q, kv.k_cache, kv.v_cache, k=k, v=v, out=out)
-        assert o is out
+        _check(c, kv, indptr, q, k=k, v=v)
+
+
+def _check(c, kv, indptr, q, paged=False, **new_kv):
+    """A plan's run into a NaN-poisoned `out` against the float64 reference."""
+    out = poisoned_like(q)
+    o = _plan(c, kv, indptr, paged).run(q, kv.k_cache, kv.v_cache, out=out, **new_kv)
+    assert o is out
     truth, same = ref_extend(q, kv, indptr)
-    assert_close(o, truth, baseline=same, name=f"cuda prefill {c}")
+    assert_close(o, truth, baseline=same, name=f"cuda {'paged ' if paged else ''}prefill {c}")
 
 
 @needs_hopper
@@ -155,31 +163,20 @@ def paged_problem(draw):
                 page_size=draw(st.sampled_from([8, 16, 32, 64, 128, 256])), hkv=hkv,
                 hq=hkv * draw(st.sampled_from([1, 2, 4, 8])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
-                tile=draw(st.sampled_from([(128, 3), (64, 4), (128, 2)])),
+                tile=draw(st.sampled_from([None, (128, 3), (64, 4), (128, 2)])),
                 strided_q=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
 
 
 def _run_paged(c):
     """New tokens over cached prefixes; the pool's unused slots (past every length, and the
     pages no request owns) hold NaN, page tables are permuted (make_paged)."""
-    from tskernels.ops.attention.cuda_extend import CudaExtendPlan
     gen = torch.Generator().manual_seed(c["seed"])
     kv = make_paged(c["lens"], c["page_size"], c["hkv"], 128, c["dtype"], None, "cuda", gen)
     indptr = torch.tensor([0, *torch.tensor(c["new"], dtype=torch.long).cumsum(0).tolist()],
                           dtype=torch.int32, device="cuda")
     T = int(indptr[-1])
     q = torch.randn(T, c["hq"] + (3 if c["strided_q"] else 0), 128, generator=gen)
-    q = q.to("cuda", c["dtype"])[:, :c["hq"]]
-    bn, stages = c["tile"]
-    plan = CudaExtendPlan(indptr, kv.page_table, kv.seq_lens, num_q_heads=c["hq"],
-                          num_kv_heads=c["hkv"], head_dim=128, page_size=c["page_size"],
-                          q_dtype=c["dtype"], kv_dtype=c["dtype"], scale=128 ** -0.5,
-                          block_n=bn, stages=stages, paged=True)
-    out = poisoned_like(q)
-    o = plan.run(q, kv.k_cache, kv.v_cache, out=out)
-    assert o is out
-    truth, same = ref_extend(q, kv, indptr)
-    assert_close(o, truth, baseline=same, name=f"cuda paged prefill {c}")
+    _check(c, kv, indptr, q.to("cuda", c["dtype"])[:, :c["hq"]], paged=True)
 
 
 @needs_hopper

@@ -335,12 +335,15 @@ TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
           "prefix": lambda x: not x, "causal": lambda x: bool(x), "new_kv": lambda x: bool(x)}
 
 
-@register("attention", "extend", backend="cuda",
-          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
-                                modules=frozenset({"cuda.bindings"})),
-          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")},
-          traits=TRAITS, band="specialized", tags=("deterministic", "throughput"),
-          compiled=("sm_90",))
+# what both registrations share: sm_90a only (wgmma, TMA, setmaxnreg), cuda-python at run time
+REGISTRATION = dict(capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
+                                          modules=frozenset({"cuda.bindings"})),
+                    formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")},
+                    band="specialized", tags=("deterministic", "throughput"),
+                    compiled=("sm_90",))
+
+
+@register("attention", "extend", backend="cuda", traits=TRAITS, **REGISTRATION)
 def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
            sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
            v=None):
@@ -363,12 +366,7 @@ PAGED_TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
 # The same kernel reading every key from the paged cache (-DPAGED): chunked prefill over a
 # cached prefix, the agentic turn's shape. Compile-checked only so far: not run on a GPU yet,
 # so the registry offers it only when named (backend="cuda_paged") or with allow_unverified.
-@register("attention", "extend", backend="cuda_paged",
-          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
-                                modules=frozenset({"cuda.bindings"})),
-          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")},
-          traits=PAGED_TRAITS, band="specialized", tags=("deterministic", "throughput"),
-          compiled=("sm_90",))
+@register("attention", "extend", backend="cuda_paged", traits=PAGED_TRAITS, **REGISTRATION)
 def extend_paged(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
                  sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None,
                  k=None, v=None):
