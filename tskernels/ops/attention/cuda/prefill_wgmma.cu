@@ -21,7 +21,9 @@
 // consumer owning rows 0..63 skips the block's last tile (above its diagonal) but keeps the
 // barrier protocol. Options (-D): STAGES, BN (64 / 128), FP16; NOPINGPONG and DIRECT_STORE
 // turn the turn-taking and the shared-memory epilogue off (measured alternatives, see
-// benchmarks/RESULTS.md, session 6).
+// benchmarks/RESULTS.md, session 6). PAGED reads every key from the paged cache instead (any
+// cached prefix; the producer's warp 0 looks up the page ids and copies page by page) --
+// compile-verified only so far.
 
 #ifndef STAGES
 #define STAGES 3                   // 226 KB with BN = 128
@@ -282,43 +284,56 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #ifndef NO_SETMAXNREG
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
 #endif
-        // one thread issues the tile copies (TMA): 4 boxes per stage (K, V x two column halves)
-        if (tid == 0) {
 #ifdef PAGED
+        // warp 0 issues the tile copies (TMA): its lanes read the tile's page ids in parallel
+        // and each copies its own page parts (4 boxes each: K, V x two column halves); rows of
+        // a last partial page go as 1-row boxes, one per lane
+        if (tid < 32) {
             const int L = pre + n, box = min(1 << page_shift, BN), pmask = (1 << page_shift) - 1;
             const int* pt = page_table + (long)b * pt_st;
-#endif
             for (int jt = 0; jt < n_tiles; ++jt) {
                 const int s = jt % STAGES;
                 if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
                 const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
-#ifdef PAGED
-                // the tile's keys j0 .. j0 + rows - 1, page by page (a box per page part), the
-                // last partial page row by row
                 const int j0 = jt * BN, rows = min(BN, L - j0), col = kvh * HD;
-                mbar_expect_tx(full, rows * 2 * HD * 2);
-                for (int j = j0; j < j0 + rows;) {
+                const int whole = rows / box;  // full boxes (each inside one page)
+                if (tid == 0) mbar_expect_tx(full, rows * 2 * HD * 2);
+                __syncwarp();
+                for (int i = tid; i < whole; i += 32) {
+                    const int j = j0 + i * box;
                     const int row = (pt[j >> page_shift] << page_shift) + (j & pmask);
                     const u32 d = dst + (j - j0) * 128;
-                    const bool whole = j + box <= j0 + rows;
-                    const TensorMap* km = whole ? &kmap : &kmap1;
-                    const TensorMap* vm = whole ? &vmap : &vmap1;
-                    tma_load(d, km, col, row, full);
-                    tma_load(d + KV_HALF, km, col + 64, row, full);
-                    tma_load(d + TILE_BYTES, vm, col, row, full);
-                    tma_load(d + TILE_BYTES + KV_HALF, vm, col + 64, row, full);
-                    j += whole ? box : 1;
+                    tma_load(d, &kmap, col, row, full);
+                    tma_load(d + KV_HALF, &kmap, col + 64, row, full);
+                    tma_load(d + TILE_BYTES, &vmap, col, row, full);
+                    tma_load(d + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
                 }
+                for (int j = j0 + whole * box + tid; j < j0 + rows; j += 32) {
+                    const int row = (pt[j >> page_shift] << page_shift) + (j & pmask);
+                    const u32 d = dst + (j - j0) * 128;
+                    tma_load(d, &kmap1, col, row, full);
+                    tma_load(d + KV_HALF, &kmap1, col + 64, row, full);
+                    tma_load(d + TILE_BYTES, &vmap1, col, row, full);
+                    tma_load(d + TILE_BYTES + KV_HALF, &vmap1, col + 64, row, full);
+                }
+            }
+        }
 #else
+        // one thread issues the tile copies (TMA): 4 boxes per stage (K, V x two column halves)
+        if (tid == 0) {
+            for (int jt = 0; jt < n_tiles; ++jt) {
+                const int s = jt % STAGES;
+                if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
+                const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
                 mbar_expect_tx(full, STAGE_BYTES);
                 const int row = q_start + jt * BN, col = kvh * HD;
                 tma_load(dst, &kmap, col, row, full);
                 tma_load(dst + KV_HALF, &kmap, col + 64, row, full);
                 tma_load(dst + TILE_BYTES, &vmap, col, row, full);
                 tma_load(dst + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
-#endif
             }
         }
+#endif
         return;
     }
 
