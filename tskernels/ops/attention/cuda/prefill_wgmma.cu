@@ -194,6 +194,15 @@ __device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col,
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bar) : "memory");
 }
+// K and V rows (the maps' box) at `row`, both 64-column halves, into a stage's K and V tiles
+// at byte offset d (4 boxes)
+__device__ __forceinline__ void copy_kv(u32 d, const TensorMap* km, const TensorMap* vm,
+                                        int col, int row, u32 bar) {
+    tma_load(d, km, col, row, bar);
+    tma_load(d + KV_HALF, km, col + 64, row, bar);
+    tma_load(d + TILE_BYTES, vm, col, row, bar);
+    tma_load(d + TILE_BYTES + KV_HALF, vm, col + 64, row, bar);
+}
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                  :: "r"(bar), "r"(bytes) : "memory");
@@ -303,18 +312,12 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                     const int j = j0 + i * box;
                     const int row = (pt[j >> page_shift] << page_shift) + (j & pmask);
                     const u32 d = dst + (j - j0) * 128;
-                    tma_load(d, &kmap, col, row, full);
-                    tma_load(d + KV_HALF, &kmap, col + 64, row, full);
-                    tma_load(d + TILE_BYTES, &vmap, col, row, full);
-                    tma_load(d + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
+                    copy_kv(d, &kmap, &vmap, col, row, full);
                 }
                 for (int j = j0 + whole * box + tid; j < j0 + rows; j += 32) {
                     const int row = (pt[j >> page_shift] << page_shift) + (j & pmask);
                     const u32 d = dst + (j - j0) * 128;
-                    tma_load(d, &kmap1, col, row, full);
-                    tma_load(d + KV_HALF, &kmap1, col + 64, row, full);
-                    tma_load(d + TILE_BYTES, &vmap1, col, row, full);
-                    tma_load(d + TILE_BYTES + KV_HALF, &vmap1, col + 64, row, full);
+                    copy_kv(d, &kmap1, &vmap1, col, row, full);
                 }
             }
         }
@@ -327,10 +330,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                 const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
                 mbar_expect_tx(full, STAGE_BYTES);
                 const int row = q_start + jt * BN, col = kvh * HD;
-                tma_load(dst, &kmap, col, row, full);
-                tma_load(dst + KV_HALF, &kmap, col + 64, row, full);
-                tma_load(dst + TILE_BYTES, &vmap, col, row, full);
-                tma_load(dst + TILE_BYTES + KV_HALF, &vmap, col + 64, row, full);
+                copy_kv(dst, &kmap, &vmap, col, row, full);
             }
         }
 #endif
