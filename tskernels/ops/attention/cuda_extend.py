@@ -154,13 +154,16 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> ctypes.Array:
     return buf
 
 
-def _launch(fn, grid: int, smem: int, stream: int, args) -> None:
-    """cuLaunchKernel with each argument's bytes given by a ctypes object (the tensor maps are
-    128-byte structs, which CuPy's launcher does not pass)."""
+def _launch(fn, grid: int, smem: int, device: torch.device, args) -> None:
+    """cuLaunchKernel on torch's current stream of `device`, with each argument's bytes given
+    by a ctypes object (the tensor maps are 128-byte structs, which CuPy's launcher does not
+    pass). The device is made current around it: the function belongs to its context."""
     cu = _driver()
     ptrs = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
-    err, = cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, smem, cu.CUstream(stream),
-                             ctypes.addressof(ptrs), 0)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        err, = cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, smem, cu.CUstream(stream),
+                                 ctypes.addressof(ptrs), 0)
     _check(err, "cuLaunchKernel")
 
 
@@ -241,8 +244,7 @@ class CudaExtendPlan:
                 c.c_int(self.group),
                 *(c.c_int64(s) for s in (q.stride(0), q.stride(1), k.stride(0), v.stride(0),
                                          o.stride(0), o.stride(1))))
-        _launch(self._fn, self.num_blocks * self.hq, self._smem,
-                torch.cuda.current_stream(q.device).cuda_stream, args)
+        _launch(self._fn, self.num_blocks * self.hq, self._smem, q.device, args)
         return o
 
 
@@ -263,8 +265,7 @@ class CudaExtendPlan:
                 c.c_int(self.page_size.bit_length() - 1),
                 *(c.c_int64(s) for s in (q.stride(0), q.stride(1), o.stride(0), o.stride(1),
                                          self.page_table.stride(0))))
-        _launch(self._fn, self.num_blocks * self.hq, self._smem,
-                torch.cuda.current_stream(q.device).cuda_stream, args)
+        _launch(self._fn, self.num_blocks * self.hq, self._smem, q.device, args)
         return o
 
 
