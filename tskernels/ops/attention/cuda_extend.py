@@ -86,8 +86,7 @@ def _function(device: torch.device, fp16: bool, stages: int = STAGES, block_n: i
     extra: more -D options (experiments in benchmarks/attention_gpu.py)."""
     key = (device.index, fp16, stages, block_n, extra, paged)
     with _lock:
-        fn = _modules.get(key)
-        if fn is None:
+        if key not in _modules:
             major, minor = torch.cuda.get_device_capability(device)
             if (major, minor) != (9, 0):
                 raise RuntimeError(f"CUDA extend: sm_90a (Hopper) only, device is "
@@ -106,8 +105,8 @@ def _function(device: torch.device, fp16: bool, stages: int = STAGES, block_n: i
                     fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     smem_bytes(stages, block_n))
                 _check(err, "cuFuncSetAttribute")
-            _modules[key] = fn = (mod, fn)  # the module owns the loaded code
-    return fn[1]
+            _modules[key] = (mod, fn)  # the module owns the loaded code
+        return _modules[key][1]
 
 
 def _check(err, what: str) -> None:
@@ -197,11 +196,14 @@ class CudaExtendPlan:
         if num_q_heads % num_kv_heads:
             raise ValueError(f"CUDA extend: {num_q_heads} query heads not a multiple of "
                              f"{num_kv_heads} KV heads")
+        if block_n not in (64, 128) or not 2 <= stages or smem_bytes(stages, block_n) > 232448:
+            raise ValueError(f"CUDA extend: block_n 64 or 128 and 2+ stages within 227 KB, got "
+                             f"{block_n}, {stages}")
         dev = qo_indptr.device
         if dev.type != "cuda":
             raise ValueError("CUDA extend: tensors must be on a CUDA device")
-        counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
-        lens = seq_lens.tolist()
+        ptr, lens = qo_indptr.tolist(), seq_lens.tolist()  # the plan's one host read
+        counts = [b - a for a, b in zip(ptr, ptr[1:])]
         self.paged = paged
         if paged:
             if page_size & (page_size - 1) or not 8 <= page_size <= 256:
@@ -216,13 +218,10 @@ class CudaExtendPlan:
         self.qo_indptr, self.device = qo_indptr, dev
         self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
         self.q_dtype, self.scale = q_dtype, scale
-        self.num_rows = int(qo_indptr[-1].item()) if qo_indptr.numel() else 0
+        self.num_rows = ptr[-1] if ptr else 0
         work = work_list(counts, prefixes=[L - n for n, L in zip(counts, lens)])
         self.num_blocks = len(work)
         self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32, device=dev).reshape(-1)
-        if block_n not in (64, 128) or not 2 <= stages or smem_bytes(stages, block_n) > 232448:
-            raise ValueError(f"CUDA extend: block_n 64 or 128 and 2+ stages within 227 KB, got "
-                             f"{block_n}, {stages}")
         self.block_n = block_n
         self._fn = _function(dev, q_dtype == torch.float16, stages, block_n, tuple(extra), paged)
         self._smem = smem_bytes(stages, block_n)  # (compiled now, not inside a graph capture)
