@@ -24,6 +24,9 @@ def main(which: str) -> None:
     gen = torch.Generator("cuda").manual_seed(0)
     if which.startswith("decode"):
         shape = {"B": 128, "L": 8192, "fp8": int(which.endswith("fp8"))}
+        # NCU_SHAPE="B=16,L=4096": another decode shape
+        shape.update({k: int(v) for k, v in (x.split("=") for x in
+                                              filter(None, os.environ.get("NCU_SHAPE", "").split(",")))})
         d = A._prepare_decode(A._make_decode(shape, "cuda", gen))
         del d["kcont"], d["vcont"]
         # NCU_DECODE="keys_m=1,q_fp8=2": plan attributes of a kernel form to profile
