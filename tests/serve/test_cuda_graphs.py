@@ -135,3 +135,45 @@ def test_prefill_with_cuda_extend_matches_triton(engine_d128, monkeypatch):
         assert a.token_ids == b.token_ids
         assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), torch.bfloat16,
                      name="first tokens' logprobs, CUDA vs Triton prefill")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the CUDA prefill kernels are sm_90a only")
+def test_prefix_extend_with_cuda_paged_matches_triton(tmp_path_factory, monkeypatch):
+    """Prefix-cache hits and chunked prefill (new tokens over cached pages) run the paged CUDA
+    kernel and give the Triton extend's tokens and logprobs. Each backend gets its own engine
+    (same seed, same weights), so neither reuses KV the other computed."""
+    import tskernels
+    from serve.engine import SamplingParams
+    from tskernels.ops.attention import cuda_extend
+
+    paged_calls = []
+    real = cuda_extend.CudaExtendPlan.run
+    monkeypatch.setattr(cuda_extend.CudaExtendPlan, "run",
+                        lambda self, *a, **kw: paged_calls.append(self.paged) or
+                        real(self, *a, **kw))
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(5, 500, (400,), generator=g).tolist()
+    first = [shared + torch.randint(5, 500, (37,), generator=g).tolist()]
+    # a second turn over the shared prefix (cache hit), and a 700-token prompt that the
+    # 256-token budget splits into chunks, each over the pages of the chunks before it
+    rest = [shared + torch.randint(5, 500, (n,), generator=g).tolist() for n in (1, 90, 300)]
+    rest.append(torch.randint(5, 500, (700,), generator=g).tolist())
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False,
+                        logprobs=0)
+
+    def run():
+        eng = _llama_d128(tmp_path_factory, 2, max_num_seqs=8, max_model_len=1024,
+                          chunked_prefill_size=256)
+        return eng.generate(first, sp) + eng.generate(rest, sp)
+
+    outs = run()
+    assert True in paged_calls, "no prefix batch ran attention.extend.cuda_paged"
+    n = len(paged_calls)
+    with tskernels.use_backend({"attention.extend": "triton"}):
+        ref = run()
+    assert len(paged_calls) == n, "a CUDA extend ran under the Triton override"
+    for a, b in zip(outs, ref, strict=True):
+        assert a.token_ids == b.token_ids
+        assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), torch.bfloat16,
+                     name="logprobs after prefix hits / chunks, CUDA paged vs Triton extend")
