@@ -141,17 +141,27 @@ def test_prefill_with_cuda_extend_matches_triton(engine_d128, monkeypatch):
                     reason="the CUDA prefill kernels are sm_90a only")
 def test_prefix_extend_with_cuda_paged_matches_triton(tmp_path_factory, monkeypatch):
     """Prefix-cache hits and chunked prefill (new tokens over cached pages) run the paged CUDA
-    kernel and give the Triton extend's tokens and logprobs. Each backend gets its own engine
-    (same seed, same weights), so neither reuses KV the other computed."""
+    kernel. Every CUDA extend call the engine makes is checked in place against the Triton
+    extend on the same q / caches, and the engine's first tokens and logprobs against an
+    engine that runs the Triton extend throughout (same seed, same weights; later tokens are
+    not compared: rounding differences in the cache may flip a near-tie of the dummy model)."""
     import tskernels
     from serve.engine import SamplingParams
     from tskernels.ops.attention import cuda_extend
 
-    paged_calls = []
+    calls = []
     real = cuda_extend.CudaExtendPlan.run
-    monkeypatch.setattr(cuda_extend.CudaExtendPlan, "run",
-                        lambda self, *a, **kw: paged_calls.append(self.paged) or
-                        real(self, *a, **kw))
+
+    def checked(self, q, kc, vc, **kw):
+        o = real(self, q, kc, vc, **kw)
+        ref = tskernels.attention.extend_plan(
+            self.qo_indptr, self.page_table, self.seq_lens, num_q_heads=self.hq, k_cache=kc, q_dtype=q.dtype,
+            backend="triton").run(q, kc, vc, k=kw.get("k"), v=kw.get("v"))
+        assert_close(o, ref, q.dtype, name=f"engine's CUDA extend (paged={self.paged}) vs Triton")
+        calls.append(self.paged)
+        return o
+
+    monkeypatch.setattr(cuda_extend.CudaExtendPlan, "run", checked)
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(5, 500, (400,), generator=g).tolist()
     first = [shared + torch.randint(5, 500, (37,), generator=g).tolist()]
@@ -168,12 +178,14 @@ def test_prefix_extend_with_cuda_paged_matches_triton(tmp_path_factory, monkeypa
         return eng.generate(first, sp) + eng.generate(rest, sp)
 
     outs = run()
-    assert True in paged_calls, "no prefix batch ran attention.extend.cuda_paged"
-    n = len(paged_calls)
+    assert True in calls, "no prefix batch ran attention.extend.cuda_paged"
+    n = len(calls)
     with tskernels.use_backend({"attention.extend": "triton"}):
         ref = run()
-    assert len(paged_calls) == n, "a CUDA extend ran under the Triton override"
+    assert len(calls) == n, "a CUDA extend ran under the Triton override"
     for a, b in zip(outs, ref, strict=True):
-        assert a.token_ids == b.token_ids
-        assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), torch.bfloat16,
-                     name="logprobs after prefix hits / chunks, CUDA paged vs Triton extend")
+        print("cuda", a.token_ids, a.logprobs, "triton", b.token_ids, b.logprobs)
+    for a, b in zip(outs, ref, strict=True):
+        assert a.token_ids[0] == b.token_ids[0]
+        assert_close(torch.tensor(a.logprobs[:1]), torch.tensor(b.logprobs[:1]), torch.bfloat16,
+                     name="first token's logprob, CUDA paged vs Triton extend")

@@ -211,11 +211,12 @@ class CudaExtendPlan:
                                  f"{page_size}")
             if any(L < n for n, L in zip(counts, lens)):
                 raise ValueError("CUDA paged extend: seq_lens below the new tokens' count")
-            self.page_table, self.seq_lens, self.page_size = page_table, seq_lens, page_size
+            self.page_size = page_size
         elif any(n != L for n, L in zip(counts, lens)):
             raise ValueError("CUDA extend: every request's tokens must all be new (no cached "
                              "prefix: seq_lens == new tokens); use the Triton backend")
-        self.qo_indptr, self.device = qo_indptr, dev
+        self.qo_indptr, self.page_table, self.seq_lens, self.device = (qo_indptr, page_table,
+                                                                       seq_lens, dev)
         self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
         self.q_dtype, self.scale = q_dtype, scale
         self.num_rows = ptr[-1] if ptr else 0
