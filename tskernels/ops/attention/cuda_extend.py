@@ -20,12 +20,12 @@ tests/compile/test_cuda_sources.py builds it with nvcc and checks the wgmma in i
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 
 import torch
 
 from ...registry import Capability, register
+from .. import cuda_driver
 from .triton_extend import plan_args
 
 SOURCE = Path(__file__).with_name("cuda") / "prefill_wgmma.cu"
@@ -37,8 +37,6 @@ STAGES = 3             # K/V ring depth (226 KB of shared memory at BLOCK_N = 12
                        # 4k / 16k prefill: 252.5 / 3843 us vs 285.2 / 4462 with 2 stages,
                        # results/h200/attention_extend_cuda_s6f.json)
 LOG2E = 1.4426950408889634
-_lock = threading.Lock()
-_modules: dict[tuple, object] = {}
 
 
 def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
@@ -53,117 +51,28 @@ def nvcc_options(fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
             *(("-DFP16",) if fp16 else ()), *(("-DPAGED",) if paged else ()), *extra)
 
 
-def _nvrtc_cubin(source: str, options: tuple[str, ...], arch: str) -> bytes:
-    """Compile with NVRTC (cuda-python) for exactly `arch` (e.g. sm_90a) and return the cubin."""
-    from cuda.bindings import nvrtc
-
-    def check(res, what):
-        err = res[0] if isinstance(res, tuple) else res
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"NVRTC {what} failed: {err}")
-        return res[1:] if isinstance(res, tuple) else None
-
-    prog, = check(nvrtc.nvrtcCreateProgram(source.encode(), b"prefill_wgmma.cu", 0, [], []),
-                  "create")
-    opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
-    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        size, = check(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC compile of {SOURCE.name} failed:\n{log.decode(errors='replace')}")
-    size, = check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-    cubin = b" " * size
-    check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
-    nvrtc.nvrtcDestroyProgram(prog)
-    return cubin
-
-
 def _function(device: torch.device, fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
               extra: tuple[str, ...] = (), paged: bool = False):
     """The compiled kernel (a CUfunction) for (device, dtype, stages, tile), built once:
     NVRTC -> cubin -> driver module in the device's primary context (torch's).
     extra: more -D options (experiments in benchmarks/attention_gpu.py)."""
-    key = (device.index, fp16, stages, block_n, extra, paged)
-    with _lock:
-        if key not in _modules:
-            major, minor = torch.cuda.get_device_capability(device)
-            if (major, minor) != (9, 0):
-                raise RuntimeError(f"CUDA extend: sm_90a (Hopper) only, device is "
-                                   f"sm_{major}{minor}")
-            cubin = _nvrtc_cubin(SOURCE.read_text(), nvcc_options(fp16, stages, block_n, extra, paged),
-                                 "sm_90a")
-            cu = _driver()
-            with torch.cuda.device(device):
-                torch.cuda.init()
-                image = ctypes.create_string_buffer(cubin)
-                err, mod = cu.cuModuleLoadData(ctypes.addressof(image))
-                _check(err, "cuModuleLoadData")
-                err, fn = cu.cuModuleGetFunction(mod, b"prefill_wgmma_kernel")
-                _check(err, "cuModuleGetFunction")
-                err, = cu.cuFuncSetAttribute(
-                    fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem_bytes(stages, block_n))
-                _check(err, "cuFuncSetAttribute")
-            _modules[key] = (mod, fn)  # the module owns the loaded code
-        return _modules[key][1]
-
-
-def _check(err, what: str) -> None:
-    cu = _driver()
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA extend: {what} failed ({err})")
-
-
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:  # pragma: no cover - cuda-python < 12.6 names it cuda.cuda
-        from cuda import cuda as driver
-    return driver
+    return cuda_driver.sm90a_function(device, SOURCE, "prefill_wgmma_kernel",
+                                      nvcc_options(fp16, stages, block_n, extra, paged),
+                                      smem_bytes(stages, block_n), "CUDA extend")
 
 
 def tensor_map(t: torch.Tensor, box_rows: int) -> ctypes.Array:
-    """The TMA descriptor (CUtensorMap, 128 bytes) of t [rows, heads, 128] (or a paged cache
-    [pages, page_size, heads, 128], rows = pages * page_size) seen as a 2-D [rows, heads * 128]
-    tensor: boxes of 64 columns x box_rows rows, 128-byte swizzle (the layout the kernel's wgmma
-    descriptors read), rows past the end read as zeros."""
-    cu = _driver()
-    dt = {torch.bfloat16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-          torch.float16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[t.dtype]
+    """The TMA descriptor of t [rows, heads, 128] (or a paged cache [pages, page_size, heads,
+    128], rows = pages * page_size) seen as a 2-D [rows, heads * 128] tensor: boxes of 64
+    columns x box_rows rows, 128-byte swizzle, rows past the end read as zeros."""
     if t.dim() == 4:
         t = t.view(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
-    rows, cols = t.shape[0], t.shape[1] * t.shape[2]
-    u64, u32 = cu.cuuint64_t, cu.cuuint32_t
-    rest = ([u64(cols), u64(rows)], [u64(t.stride(0) * t.element_size())],
-            [u32(64), u32(box_rows)], [u32(1), u32(1)],
-            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    try:
-        err, tmap = cu.cuTensorMapEncodeTiled(dt, 2, t.data_ptr(), *rest)
-    except TypeError:  # bindings that want the rank typed as well
-        err, tmap = cu.cuTensorMapEncodeTiled(dt, u32(2), t.data_ptr(), *rest)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA extend: cuTensorMapEncodeTiled failed ({err}) for "
-                           f"{tuple(t.shape)} strides {tuple(t.stride())}")
-    buf = (ctypes.c_ubyte * 128)()
-    ctypes.memmove(buf, tmap.getPtr(), 128)
-    return buf
+    return cuda_driver.tensor_map_2d(t, t.shape[0], t.shape[1] * t.shape[2],
+                                     t.stride(0) * t.element_size(), box_rows)
 
 
 def _launch(fn, grid: int, smem: int, device: torch.device, args) -> None:
-    """cuLaunchKernel on torch's current stream of `device`, with each argument's bytes given
-    by a ctypes object (the tensor maps are 128-byte structs, which CuPy's launcher does not
-    pass). The device is made current around it: the function belongs to its context."""
-    cu = _driver()
-    ptrs = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
-    with torch.cuda.device(device):
-        stream = torch.cuda.current_stream(device).cuda_stream
-        err, = cu.cuLaunchKernel(fn, grid, 1, 1, THREADS, 1, 1, smem, cu.CUstream(stream),
-                                 ctypes.addressof(ptrs), 0)
-    _check(err, "cuLaunchKernel")
+    cuda_driver.launch(fn, grid, THREADS, smem, device, args)
 
 
 def work_list(counts, block_m: int = BLOCK_M, prefixes=None) -> list[tuple[int, int]]:

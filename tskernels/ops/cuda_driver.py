@@ -1,0 +1,119 @@
+"""NVRTC compile, driver-API module loading, TMA descriptors and launches for the hand-written
+Hopper kernels (cuda-python's `cuda.bindings`). CuPy's compile picks the portable sm_90 target,
+which has no wgmma / setmaxnreg; these kernels need the arch-specific sm_90a, and their TMA
+descriptors are 128-byte by-value kernel parameters, which CuPy's launcher does not pass.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+_lock = threading.Lock()
+_modules: dict[tuple, tuple] = {}
+
+
+def driver():
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:  # pragma: no cover - cuda-python < 12.6 names it cuda.cuda
+        from cuda import cuda as cu
+    return cu
+
+
+def check(err, what: str) -> None:
+    cu = driver()
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver: {what} failed ({err})")
+
+
+def nvrtc_cubin(source: str, name: str, options: tuple[str, ...], arch: str) -> bytes:
+    """Compile `source` with NVRTC for exactly `arch` (e.g. sm_90a) and return the cubin."""
+    from cuda.bindings import nvrtc
+
+    def ok(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC {what} failed: {err}")
+        return res[1:] if isinstance(res, tuple) else None
+
+    prog, = ok(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
+    opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
+    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        size, = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC compile of {name} failed:\n{log.decode(errors='replace')}")
+    size, = ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+    cubin = b" " * size
+    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
+    nvrtc.nvrtcDestroyProgram(prog)
+    return cubin
+
+
+def sm90a_function(device: torch.device, path, kernel: str, options: tuple[str, ...],
+                   smem: int, what: str):
+    """The kernel `kernel` of the source file `path` compiled for sm_90a with `options`, loaded
+    once per (device, file, options) into the device's primary context (torch's), its dynamic
+    shared memory limit raised to `smem` bytes. Returns the CUfunction."""
+    key = (device.index, str(path), kernel, options)
+    with _lock:
+        if key not in _modules:
+            major, minor = torch.cuda.get_device_capability(device)
+            if (major, minor) != (9, 0):
+                raise RuntimeError(f"{what}: sm_90a (Hopper) only, device is sm_{major}{minor}")
+            cubin = nvrtc_cubin(path.read_text(), path.name, options, "sm_90a")
+            cu = driver()
+            with torch.cuda.device(device):
+                torch.cuda.init()
+                image = ctypes.create_string_buffer(cubin)
+                err, mod = cu.cuModuleLoadData(ctypes.addressof(image))
+                check(err, "cuModuleLoadData")
+                err, fn = cu.cuModuleGetFunction(mod, kernel.encode())
+                check(err, "cuModuleGetFunction")
+                err, = cu.cuFuncSetAttribute(
+                    fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem)
+                check(err, "cuFuncSetAttribute")
+            _modules[key] = (mod, fn)  # the module owns the loaded code
+        return _modules[key][1]
+
+
+def tensor_map_2d(t: torch.Tensor, rows: int, cols: int, row_bytes: int, box_rows: int,
+                  box_cols: int = 64) -> ctypes.Array:
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a 16-bit tensor seen as 2-D [rows, cols]
+    from t's data pointer with `row_bytes` between rows: boxes of box_cols x box_rows, 128-byte
+    swizzle (the layout the wgmma descriptors read), rows past the end read as zeros."""
+    cu = driver()
+    dt = {torch.bfloat16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          torch.float16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[t.dtype]
+    u64, u32 = cu.cuuint64_t, cu.cuuint32_t
+    rest = ([u64(cols), u64(rows)], [u64(row_bytes)], [u32(box_cols), u32(box_rows)],
+            [u32(1), u32(1)], cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    try:
+        err, tmap = cu.cuTensorMapEncodeTiled(dt, 2, t.data_ptr(), *rest)
+    except TypeError:  # bindings that want the rank typed as well
+        err, tmap = cu.cuTensorMapEncodeTiled(dt, u32(2), t.data_ptr(), *rest)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err}) for {tuple(t.shape)} "
+                           f"strides {tuple(t.stride())} as [{rows}, {cols}]")
+    buf = (ctypes.c_ubyte * 128)()
+    ctypes.memmove(buf, tmap.getPtr(), 128)
+    return buf
+
+
+def launch(fn, grid: int, threads: int, smem: int, device: torch.device, args) -> None:
+    """cuLaunchKernel on torch's current stream of `device`, each argument's bytes given by a
+    ctypes object. The device is made current around it: the function belongs to its context."""
+    cu = driver()
+    ptrs = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        err, = cu.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, smem, cu.CUstream(stream),
+                                 ctypes.addressof(ptrs), 0)
+    check(err, "cuLaunchKernel")
