@@ -542,6 +542,58 @@ def cuda_extend():
         json.dump(rows, f, indent=1)
 
 
+def mla_cuda():
+    """The CUDA (wgmma) MLA decode next to the Triton kernel and torch bmm, graph replay.
+    MLA_CUDA_SHAPES="HxBxL,..." (default 128 heads at B 1 / 16 / 64 / 128, L 4k / 32k, and 64
+    heads); MLA_CUDA_SPLITS="0,2" split counts for the CUDA plan (0 = its default);
+    MLA_CUDA_VARIANTS="A;B" -D options of experiments (each its own build)."""
+    from tskernels.bench.cases.mla import _bytes, _make, _prepare, _torch_bmm
+    from tskernels.ops.mla.cuda_decode import CudaMLADecodePlan
+    from tskernels.ops.mla.triton import MLAPlan
+    shapes = os.environ.get("MLA_CUDA_SHAPES", "128x64x4096,128x128x4096,128x64x32768,"
+                            "128x128x32768,128x16x4096,128x16x32768,128x1x4096,64x64x4096")
+    splits = [int(x) for x in os.environ.get("MLA_CUDA_SPLITS", "0").split(",")]
+    variants = [""] + [v for v in os.environ.get("MLA_CUDA_VARIANTS", "").split(";") if v]
+    rows = []
+    for spec in shapes.split(","):
+        h, b, l = (int(x) for x in spec.split("x"))
+        shape = {"B": b, "L": l, "fp8": 0, "H": h}
+        gen = torch.Generator("cuda").manual_seed(0)
+        d = _prepare(_make(shape, "cuda", gen))
+        ref = _torch_bmm(d).float()
+        tp = MLAPlan(torch.arange(b + 1, dtype=torch.int32, device="cuda"), d["pt"], d["lens"],
+                     num_heads=h, kv_lora_rank=512, rope_dim=64, page_size=64, scale=d["plan"].scale,
+                     causal=False, max_new_tokens=1, kv_dtype=d["cache"].dtype)
+        t = {"torch_bmm": _time(lambda d: _torch_bmm(d), [d], iters=20, graph=True),
+             "triton": _time(lambda d: tp.run(d["q"], d["cache"], out=d["out"]), [d], iters=20,
+                             graph=True)}
+        errs = {"triton": ((tp.run(d["q"], d["cache"]).float() - ref).norm() / ref.norm()).item()}
+        for var in variants:
+            for ns in splits:
+                name = f"cuda{'[' + var + ']' if var else ''}{'/s' + str(ns) if ns else ''}"
+                try:
+                    cp = CudaMLADecodePlan(d["pt"], d["lens"], num_heads=h, kv_lora_rank=512,
+                                           rope_dim=64, page_size=64, scale=tp.scale,
+                                           num_splits=ns or None, kv_dtype=d["cache"].dtype,
+                                           extra=tuple(f"-D{x}" for x in var.split(",") if x))
+                    o = cp.run(d["q"], d["cache"]).float()
+                    errs[name] = ((o - ref).norm() / ref.norm()).item()
+                    t[name] = _time(lambda d, cp=cp: cp.run(d["q"], d["cache"], out=d["out"]),
+                                    [d], iters=20, graph=True)
+                    errs[name + ":splits"] = cp.num_splits
+                except Exception as e:  # noqa: BLE001 - report and go on with the others
+                    print("FAIL", spec, name, type(e).__name__, str(e)[:300], flush=True)
+        by, fl = _bytes(shape), 2 * b * h * l * (512 + 576)
+        rows.append(dict(shape=shape, us=t, err=errs, bytes=by, flops=fl))
+        line = " ".join(f"{k} {v:.1f}us({by / v / 1e6:.2f}TB/s,{fl / v / 1e6:.0f}TF)"
+                        for k, v in t.items())
+        print(f"MLA H={h} B={b} L={l}: {line} err {errs}", flush=True)
+        del d
+        torch.cuda.empty_cache()
+    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'mla_decode_cuda.json')}", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def bench(ops):
     from tskernels.bench.core import run_bench
     for spec in ops:  # "decode" (both modes), "extend:plain" or "mla.decode:graph"
@@ -569,6 +621,8 @@ if __name__ == "__main__":
         sweep_cuda()
     elif stage == "cuda_extend":
         cuda_extend()
+    elif stage == "mla_cuda":
+        mla_cuda()
     elif stage == "sweep_mla":
         sweep_mla()
     elif stage == "bench":

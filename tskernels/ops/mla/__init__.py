@@ -11,7 +11,7 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference, triton  # noqa: F401  (register backends)
+from . import cuda_decode, reference, triton  # noqa: F401  (register backends)
 
 
 def _problem(q, kv_cache, page_table, seq_lens, batch, kv_lora_rank, kv_scale):
@@ -84,7 +84,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_heads: 
     kern = select("mla", "decode", backend=backend, **prob)
     kw = dict(num_heads=num_heads, kv_lora_rank=kv_lora_rank, scale=scale,
               rope_dim=kv_cache.shape[2] - kv_lora_rank, page_size=kv_cache.shape[1],
-              max_seq_len=max_seq_len, kv_dtype=kv_cache.dtype)
+              max_seq_len=max_seq_len, kv_dtype=kv_cache.dtype, q_dtype=q_dtype)
     if num_splits is not None:
         kw["num_splits"] = num_splits
     return kern.fn.make_plan(page_table, seq_lens, **kw)

@@ -118,7 +118,8 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
 
 
 class MLAPlan:
-    """Per-batch MLA metadata and workspace (decode: qo_indptr = arange(B + 1)).
+    """Per-batch MLA metadata and workspace (decode: qo_indptr = arange(B + 1); q_dtype is
+    accepted for the plan interface and not needed: the kernel specialises on q at launch).
 
     Reads qo_indptr on the host once here; `run` neither syncs nor allocates (given `out`).
     """
@@ -126,7 +127,7 @@ class MLAPlan:
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim,
                  page_size, scale, causal, max_seq_len=None, num_splits=None, block_r=None,
                  block_n=None, num_warps=None, num_stages=None, max_new_tokens=None,
-                 fp8_asm=None, kv_dtype=None):
+                 fp8_asm=None, kv_dtype=None, q_dtype=None):
         self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
         self.H, self.dc, self.dr, self.page_size = num_heads, kv_lora_rank, rope_dim, page_size
         self.scale, self.causal = scale, causal

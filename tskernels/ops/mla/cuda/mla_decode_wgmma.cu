@@ -1,0 +1,458 @@
+// Absorbed-MLA decode for Hopper (sm_90a): warpgroup MMAs (wgmma) on a paged latent cache fed
+// by TMA. One query token per request; each cache row is [c_kv (512) | k_rope (64)], shared by
+// all heads; o = softmax(c * q . row) @ rows[:, :512]. 16-bit q and cache (bf16, or fp16 with
+// -DFP16), 64 heads per CTA (num_heads a multiple of 64), pages of 64 / 128 / 256 rows.
+//
+// Why a separate kernel: with 64-128 heads the op is bound by its MMAs (2 * 64 * 1088 FLOPs per
+// 1152-byte row and head block), and the Triton kernel keeps a [64 x 512] fp32 accumulator in
+// one warpgroup's registers (255 registers, ~230 TFLOP/s). Here the 512 output columns are split
+// between two consumer warpgroups (a [64 x 256] accumulator each, 128 registers per thread).
+//
+// CTA = 384 threads, one (request, 64-head block, KV split) work item:
+//  * warpgroup 0 (producer) gives its registers away (setmaxnreg); its warp 0 copies 64-row
+//    tiles of the request's cache rows (9 TMA boxes of [64 rows x 64 columns], 128-byte
+//    swizzle) into a 2-stage ring; a last, partial tile goes as 1-row boxes (slots past the
+//    request's length are never read; the ring starts zeroed, so unread rows hold finite data);
+//  * the consumers take the tiles' logits in turn: consumer a computes S = Q K^T (36 x
+//    m64n64k16, Q and the tile from shared memory) for tiles j = a, a + 2, ..., runs the online
+//    softmax with the running row max it got from the other consumer, publishes P (bf16, into a
+//    shared buffer), the rescale factor, the new max and the row sum, and signals the other
+//    through a named barrier; both then add P V for their half of the columns (m64n256k16; the
+//    owner's P from registers, the other's from the shared buffer). A stage is released when
+//    both consumers' P V on it completed.
+//  * splits: the plan may split a request's tiles over several CTAs; their partial o (fp32) and
+//    log-sum-exp go to a workspace, merged by the attention family's merge kernel.
+
+#ifdef FP16
+#define DT "f16"
+#define CVT_PACK "cvt.rn.f16x2.f32"
+#else
+#define DT "bf16"
+#define CVT_PACK "cvt.rn.bf16x2.f32"
+#endif
+#define DC 512                     // latent width (the output's)
+#define DW 576                     // row width: latent + rope
+#define NCH 9                      // 64-column chunks per row
+#define BN 64                      // rows (keys) per tile
+#define CHUNK (64 * 128)           // one [64 rows x 64 columns] 16-bit chunk, 128-byte rows
+#define Q_BYTES (NCH * CHUNK)      // 72 KB
+#define STAGE_BYTES (NCH * CHUNK)  // 72 KB
+#define P_OFFSET (Q_BYTES + 2 * STAGE_BYTES)
+#define ST_OFFSET (P_OFFSET + CHUNK)          // alpha[64], m[64], rowsum[64] (floats)
+#define BAR_OFFSET (ST_OFFSET + 3 * 64 * 4)   // full[2], empty[2]
+#define SMEM_BYTES (BAR_OFFSET + 32 + 1024)   // + alignment slack
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 40
+#endif
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 232
+#endif
+
+#define NEG_INF __int_as_float(0xff800000u)
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+// 16-byte chunk `ch` (0..7) of row `r` of a 128-byte-row tile, 128-byte swizzle
+__device__ __forceinline__ u32 swz(u32 base, int r, int ch) {
+    return base + r * 128 + ((ch ^ (r & 7)) << 4);
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n"
+                 :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+// the spin loop inside one asm block with uniform branches (a C++ loop or condition, or a
+// plain predicated branch, between asynchronous MMAs makes ptxas serialise them)
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra.uni DONE_%=;\nbra.uni WAIT_%=;\nDONE_%=:\n}\n"
+                 :: "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+__device__ __forceinline__ void reg_fence(u32& x) { asm volatile("" : "+r"(x) :: "memory"); }
+// shared-memory matrix descriptor, 128-byte swizzle
+__device__ __forceinline__ u64 desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 d;
+    asm(CVT_PACK " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ float quad_reduce_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_reduce_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- wgmma wrappers (operand lists written out by a script) ----
+// S (+)= Q (smem, K-major) * K^T (smem, K-major): [64 x 16] x [16 x 64]
+__device__ __forceinline__ void wgmma_s(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+// O += P (registers) * V (smem, MN-major): [64 x 16] x [16 x 256]
+__device__ __forceinline__ void wgmma_pv_rs(float* d, const u32* a, u64 db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." DT "." DT " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+// O += P (smem, K-major) * V (smem, MN-major): [64 x 16] x [16 x 256]
+__device__ __forceinline__ void wgmma_pv_ss(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." DT "." DT " "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+struct __align__(64) TensorMap { u64 bytes[16]; };
+
+__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row,
+                                         u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bar) : "memory");
+}
+
+// S = Q K^T over the 9 column chunks of the Q block and of a stage's tile
+__device__ __forceinline__ void issue_s(float* s, u32 sq, u32 sk) {
+#pragma unroll
+    for (int i = 0; i < 4 * NCH; ++i)
+        wgmma_s(s, desc(sq + (i >> 2) * CHUNK + (i & 3) * 32, 16, 1024),
+                desc(sk + (i >> 2) * CHUNK + (i & 3) * 32, 16, 1024), i > 0);
+}
+__device__ __forceinline__ void fence_acc(float* acc) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+}
+__device__ __forceinline__ void rescale(float* acc, float aA, float aB) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        acc[4 * i] *= aA;
+        acc[4 * i + 1] *= aA;
+        acc[4 * i + 2] *= aB;
+        acc[4 * i + 3] *= aB;
+    }
+}
+
+// kvmap / kvmap1: a layer's latent cache seen as a 2-D [pages * page_size, 576] tensor, boxes of
+// 64 columns x 64 rows / x 1 row. q [B, H, 576] (strides q_st, q_sh), o [B, H, 512] (o_st, o_sh);
+// num_splits > 1: po [B * H * num_splits, 512] fp32 and plse [B * H * num_splits] instead.
+extern "C" __global__ void __launch_bounds__(384, 1)
+mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
+                        const __grid_constant__ TensorMap kvmap1,
+                        const u16* __restrict__ q, u16* __restrict__ o,
+                        float* __restrict__ po, float* __restrict__ plse,
+                        const int* __restrict__ seq_lens, const int* __restrict__ page_table,
+                        float c, int H, int num_splits, int page_shift, long q_st, long q_sh,
+                        long o_st, long o_sh, long pt_st) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
+    const u32 sq = base, skv = base + Q_BYTES, sp = base + P_OFFSET, sst = base + ST_OFFSET;
+    const u32 bars = base + BAR_OFFSET;  // full[s] at bars + 8 s, empty[s] at bars + 16 + 8 s
+    float* st_alpha = (float*)(smem_raw + (sst - smem_addr(smem_raw)));
+    float* st_m = st_alpha + 64;
+    float* st_sum = st_alpha + 128;
+
+    const int hb_count = H >> 6;
+    const int pid = blockIdx.x;
+    const int hb = pid % hb_count, split = (pid / hb_count) % num_splits;
+    const int b = pid / (hb_count * num_splits);
+    const int h0 = hb * 64;
+    const int L = seq_lens[b];
+    const int tiles = (L + BN - 1) / BN, per = (tiles + num_splits - 1) / num_splits;
+    const int t0 = split * per, n = min(tiles, t0 + per) - t0;  // this CTA's tiles
+    const int tid = threadIdx.x, wg = tid >> 7;
+
+    if (n <= 0) {  // nothing to attend (empty request or split): o = 0, lse = -inf
+        for (int i = tid; i < 64 * DC / 2; i += 384) {
+            const int r = i / (DC / 2), col = 2 * (i % (DC / 2));
+            if (num_splits == 1)
+                *(u32*)(o + (long)b * o_st + (long)(h0 + r) * o_sh + col) = 0u;
+            else
+                *(float2*)(po + ((long)(b * H + h0 + r) * num_splits + split) * DC + col) =
+                    make_float2(0.f, 0.f);
+        }
+        if (num_splits > 1 && tid < 64) plse[(long)(b * H + h0 + tid) * num_splits + split] = NEG_INF;
+        return;
+    }
+
+    if (tid == 0) {
+        for (int s = 0; s < 2; ++s) {
+            mbar_init(bars + 8 * s, 1);          // the TMA lane (+ bytes)
+            mbar_init(bars + 16 + 8 * s, 256);   // consumer threads
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // the ring (and the P buffer after it) starts zeroed: rows a partial tile does not load
+    // stay finite (P = 0 there, and 0 * NaN would be NaN)
+    for (int i = tid; i < (2 * STAGE_BYTES + CHUNK) / 16; i += 384)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n"
+                     :: "r"(skv + 16 * i), "r"(0) : "memory");
+    fence_async_shared();
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
+        if (tid < 32) {
+            const int* pt = page_table + (long)b * pt_st;
+            const int pmask = (1 << page_shift) - 1;
+            // tiles 0 .. n - 1, then an empty "tile n" (an arrival without bytes): the consumer
+            // whose last iteration has no tile of its own waits on it like on any other
+            for (int j = 0; j <= n; ++j) {
+                const int s = j & 1;
+                if (j >= 2) mbar_wait(bars + 16 + 8 * s, ((j >> 1) - 1) & 1);
+                const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
+                if (j == n) {
+                    if (tid == 0) mbar_arrive(full);
+                    break;
+                }
+                const int k0 = (t0 + j) * BN, rows = min(BN, L - k0);
+                const int row0 = (pt[k0 >> page_shift] << page_shift) + (k0 & pmask);
+                if (tid == 0) mbar_expect_tx(full, rows * DW * 2);
+                __syncwarp();
+                if (rows == BN) {
+                    if (tid < NCH) tma_load(dst + tid * CHUNK, &kvmap, tid * 64, row0, full);
+                } else {  // a tile inside one page: its rows are consecutive cache rows
+                    for (int r = tid; r < rows; r += 32)
+#pragma unroll
+                        for (int ch = 0; ch < NCH; ++ch)
+                            tma_load(dst + ch * CHUNK + r * 128, &kvmap1, ch * 64, row0 + r, full);
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
+    const int a = wg - 1, tw = tid - 128 * wg;
+    const int warp = tw >> 5, lane = tw & 31, qr = lane >> 2, qc = lane & 3;
+    const int rowA = 16 * warp + qr, rowB = rowA + 8;  // head rows of this thread (block-local)
+    {   // the Q block [64 heads x 576] into 9 swizzled chunks, by both consumers
+        const u16* qb = q + (long)b * q_st + (long)h0 * q_sh;
+        const int t2 = tid - 128;
+        for (int i = t2; i < 64 * DW / 8; i += 256) {
+            const int r = i / (DW / 8), ch = i % (DW / 8);
+            cp_async16(swz(sq + (ch >> 3) * CHUNK, r, ch & 7), qb + (long)r * q_sh + ch * 8);
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        fence_async_shared();
+        named_sync(3, 256);
+    }
+
+    float acc[128], s[32];
+    u32 p[16];
+    float mA = NEG_INF, mB = NEG_INF, lA = 0.f, lB = 0.f;  // running row max (base 2) / sum
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) p[i] = 0u;
+    const int SIG_MINE = 1 + a, SIG_OTHER = 2 - a;  // named barriers: "tile ready" per owner
+
+    // Iteration k: the other consumer's tile jb = 2k - 1 + a (none for jb = -1), then my tile
+    // ja = jb + 1 (none past the last). Every wgmma sits in straight-line code (ptxas
+    // serialises all of them when one is in a divergent path): a missing tile's MMAs run on
+    // zeros (the zeroed P buffer, p = 0) against a finite stage and add nothing.
+    const int iters = (n - a) / 2 + 1;
+    for (int k = 0; k < iters; ++k) {
+        const int jb = 2 * k - 1 + a, ja = jb + 1;
+        // ---- the other consumer's tile jb: O += P_jb V_jb for my columns ----
+#pragma unroll
+        for (int i = 0; i < 32; ++i) reg_fence(s[i]);
+        if (jb >= 1) mbar_arrive(bars + 16 + 8 * ((jb - 1) & 1));
+        {
+            float aA = 1.f, aB = 1.f;
+            if (jb >= 0) {
+                named_sync(SIG_OTHER, 256);
+                aA = st_alpha[rowA];
+                aB = st_alpha[rowB];
+                lA = fmaf(lA, aA, st_sum[rowA]);
+                lB = fmaf(lB, aB, st_sum[rowB]);
+                mA = st_m[rowA];
+                mB = st_m[rowB];
+            }
+            rescale(acc, aA, aB);
+            fence_acc(acc);
+        }
+        const u32 svb = skv + ((jb + 2) & 1) * STAGE_BYTES + 4 * a * CHUNK;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_pv_ss(acc, desc(sp + kk * 32, 16, 1024), desc(svb + kk * 16 * 128, CHUNK, 1024),
+                        1);
+        wgmma_commit();
+        // ---- my tile ja: S = Q K^T, softmax, publish P, O += P V ----
+        const u32 sta = skv + (ja & 1) * STAGE_BYTES;
+        mbar_wait(bars + 8 * (ja & 1), (ja >> 1) & 1);  // (tile n: an empty one)
+        wgmma_fence();
+        issue_s(s, sq, sta);
+        wgmma_commit();
+        wgmma_wait<1>();  // P V of tile jb is done: release its stage
+        if (jb >= 0) mbar_arrive(bars + 16 + 8 * (jb & 1));
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) reg_fence(s[i]);
+        {   // a missing tile (ja >= n) has every key masked: p = 0, alpha = 1
+            const int k0 = (t0 + ja) * BN, lim = ja < n ? L : 0;
+            if (k0 + BN > lim) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (k0 + 8 * i + 2 * qc + e >= lim) {
+                            s[4 * i + e] = NEG_INF;
+                            s[4 * i + 2 + e] = NEG_INF;
+                        }
+            }
+            float xA = NEG_INF, xB = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                xA = fmaxf(xA, fmaxf(s[4 * i], s[4 * i + 1]));
+                xB = fmaxf(xB, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+            }
+            const float nA = fmaxf(mA, quad_reduce_max(xA) * c);
+            const float nB = fmaxf(mB, quad_reduce_max(xB) * c);
+            // (nA = -inf only before any key, where acc is still 0 either way)
+            const float zA = nA == NEG_INF ? 0.f : nA, zB = nB == NEG_INF ? 0.f : nB;
+            const float aA = ex2(mA - zA), aB = ex2(mB - zB);
+            float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                s[4 * i] = ex2(fmaf(s[4 * i], c, -zA));
+                s[4 * i + 1] = ex2(fmaf(s[4 * i + 1], c, -zA));
+                s[4 * i + 2] = ex2(fmaf(s[4 * i + 2], c, -zB));
+                s[4 * i + 3] = ex2(fmaf(s[4 * i + 3], c, -zB));
+                sumA += s[4 * i] + s[4 * i + 1];
+                sumB += s[4 * i + 2] + s[4 * i + 3];
+                p[2 * i] = pack2(s[4 * i], s[4 * i + 1]);
+                p[2 * i + 1] = pack2(s[4 * i + 2], s[4 * i + 3]);
+            }
+            sumA = quad_reduce_sum(sumA);
+            sumB = quad_reduce_sum(sumB);
+            lA = fmaf(lA, aA, sumA);
+            lB = fmaf(lB, aB, sumB);
+            mA = nA;
+            mB = nB;
+            if (ja < n) {
+                // publish P, the rescale factor, the new max and the row sum (the other
+                // consumer read the previous ones before its P V of that tile, which my wait
+                // above ordered before this)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    asm volatile("st.shared.u32 [%0], %1;\n"
+                                 :: "r"(swz(sp, rowA, i) + 4 * qc), "r"(p[2 * i]) : "memory");
+                    asm volatile("st.shared.u32 [%0], %1;\n"
+                                 :: "r"(swz(sp, rowB, i) + 4 * qc), "r"(p[2 * i + 1]) : "memory");
+                }
+                if (qc == 0) {
+                    st_alpha[rowA] = aA;
+                    st_alpha[rowB] = aB;
+                    st_m[rowA] = nA;
+                    st_m[rowB] = nB;
+                    st_sum[rowA] = sumA;
+                    st_sum[rowB] = sumB;
+                }
+                fence_async_shared();
+                named_arrive(SIG_MINE, 256);
+            }
+            rescale(acc, aA, aB);
+        }
+        fence_acc(acc);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) reg_fence(p[i]);
+        const u32 sva = sta + 4 * a * CHUNK;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_pv_rs(acc, p + 4 * kk, desc(sva + kk * 16 * 128, CHUNK, 1024));
+        wgmma_commit();
+        // (waiting here rather than at the next iteration's top: the same schedule, since that
+        // starts by needing this P V's stage released; a wait across the loop's exit makes
+        // ptxas serialise the MMAs)
+        wgmma_wait<0>();  // my P V of tile ja is done: its stage is released next iteration
+        fence_acc(acc);
+    }
+
+    const float iA = 1.f / lA, iB = 1.f / lB;
+    const int col0 = 256 * a + 2 * qc;
+    if (num_splits == 1) {
+        u16* oA = o + (long)b * o_st + (long)(h0 + rowA) * o_sh + col0;
+        u16* oB = o + (long)b * o_st + (long)(h0 + rowB) * o_sh + col0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            *(u32*)(oA + 8 * i) = pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+            *(u32*)(oB + 8 * i) = pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
+        }
+    } else {
+        const long rA = (long)(b * H + h0 + rowA) * num_splits + split;
+        const long rB = (long)(b * H + h0 + rowB) * num_splits + split;
+        float* pA = po + rA * DC + col0;
+        float* pB = po + rB * DC + col0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            *(float2*)(pA + 8 * i) = make_float2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+            *(float2*)(pB + 8 * i) = make_float2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
+        }
+        if (a == 0 && qc == 0) {  // natural-log LSE of the split (m in base-2 units)
+            plse[rA] = (mA + __log2f(lA)) * 0.69314718055994531f;
+            plse[rB] = (mB + __log2f(lB)) * 0.69314718055994531f;
+        }
+    }
+#else
+    asm volatile("trap;\n");  // built without sm_90a features: fail loudly, never return zeros
+#endif
+}
