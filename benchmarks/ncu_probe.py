@@ -5,6 +5,7 @@ twice (the first launch compiles and warms up; profile the second with --launch-
         --launch-skip 1 --launch-count 1 --section SpeedOfLight ... \\
         python benchmarks/ncu_probe.py decode_fp8      # decode_bf16 | extend | mla
                                                        # | extend_cuda (prefill_wgmma_kernel)
+                                                       # | mla_cuda (mla_decode_wgmma_kernel)
 
 Problems: decode B=128 L=8192 (bf16 or fp8 per-tensor KV; GQA 32/8, d128, page 16), extend
 16384 new tokens causal with their own K/V (tensor descriptors), MLA decode B=64 L=4096.
@@ -56,8 +57,10 @@ def main(which: str) -> None:
         out = torch.empty_like(d["q"])
         run = lambda: plan.run(d["q"], d["kc"], d["vc"], out=out, k=d["knew"],  # noqa: E731
                                v=d["vnew"])
-    elif which == "mla":
+    elif which.startswith("mla"):  # mla (Triton) | mla_cuda (mla_decode_wgmma_kernel)
         from tskernels.bench.cases import mla as M
+        if which == "mla_cuda":
+            os.environ["TSKERNELS_BACKEND"] = "mla=cuda"
         shape = {"B": 64, "L": 4096, "fp8": 0}
         d = M._prepare(M._make(shape, "cuda", gen))
         run = lambda: d["plan"].run(d["q"], d["cache"], out=d["out"])  # noqa: E731
