@@ -105,3 +105,42 @@ def test_cuda_prefill_compiles(tmp_path):
     old = json.loads(OUT.read_text()) if OUT.exists() else []
     OUT.write_text(json.dumps([r for r in old if r.get("kernel") != "prefill_wgmma"] + rows,
                               indent=1))
+
+
+def test_cuda_mla_decode_compiles(tmp_path):
+    """The wgmma MLA decode builds for sm_90a (bf16 and fp16) with its warpgroup MMAs (the
+    64-key logits and the 256-column P V, from registers and from shared memory) and TMA copies
+    in the PTX, no spills and no ptxas-serialised MMAs, within the shared-memory limit."""
+    from tskernels.ops.mla import cuda_decode
+    spec = next(k for k in tskernels.kernels() if k.name == "mla.decode.cuda")
+    assert spec.verification.compiled == frozenset({"sm_90"})
+    assert cuda_decode.smem_bytes() <= 232448
+    rows = []
+    for fp16 in (False, True):
+        opts = cuda_decode.nvcc_options(fp16)
+        src = str(cuda_decode.SOURCE)
+        ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", src, "-o",
+                              str(tmp_path / "m.ptx")], capture_output=True, text=True)
+        assert ptx.returncode == 0, ptx.stderr[-3000:]
+        cub = subprocess.run([NVCC, *opts, "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
+                              "-Xptxas", "-v", src, "-o", str(tmp_path / "m.cubin")],
+                             capture_output=True, text=True)
+        assert cub.returncode == 0, cub.stderr[-3000:]
+        text = (tmp_path / "m.ptx").read_text()
+        regs = re.search(r"Used (\d+) registers", cub.stderr)
+        spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
+        rows.append(dict(target="sm_90a", kernel="mla_decode_wgmma", fp16=fp16,
+                         registers=int(regs.group(1)) if regs else None,
+                         spill_bytes=int(spill.group(1)) if spill else 0,
+                         shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)",
+                                                      text))),
+                         tma=bool(TMA.search(text)),
+                         serialized="Potential Performance Loss" in cub.stderr))
+        r = rows[-1]
+        assert r["shapes"] == ["m64n256k16", "m64n64k16"] and r["tma"], r
+        assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
+        assert not r["serialized"], cub.stderr[-2000:]
+    OUT.parent.mkdir(exist_ok=True)
+    old = json.loads(OUT.read_text()) if OUT.exists() else []
+    OUT.write_text(json.dumps([r for r in old if r.get("kernel") != "mla_decode_wgmma"] + rows,
+                              indent=1))
