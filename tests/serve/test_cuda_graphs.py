@@ -189,3 +189,44 @@ def test_prefix_extend_with_cuda_paged_matches_triton(tmp_path_factory, monkeypa
         assert a.token_ids[0] == b.token_ids[0]
         assert_close(torch.tensor(a.logprobs[:1]), torch.tensor(b.logprobs[:1]), torch.bfloat16,
                      name="first token's logprob, CUDA paged vs Triton extend")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the CUDA MLA decode is sm_90a only")
+def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch):
+    """A DeepSeek-V3-shaped dummy (64 heads, 512 + 64 latents, page 64) decodes through the
+    CUDA MLA kernel, captured in the engine's CUDA graphs: every eager call is checked in place
+    against the Triton MLA kernel on the same inputs, and each replay against the eager step."""
+    import json
+
+    import tskernels
+    from serve.config import _TINY_DSV3
+    from serve.engine import Engine
+    from tskernels.ops.mla import cuda_decode
+
+    calls = []
+    real = cuda_decode.CudaMLADecodePlan.run
+
+    def checked(self, q, cache, **kw):
+        o = real(self, q, cache, **kw)
+        if not torch.cuda.is_current_stream_capturing():
+            ref = tskernels.mla.decode_plan(
+                self.page_table, self.seq_lens, num_heads=self.H, kv_cache=cache,
+                scale=self.scale, q_dtype=q.dtype, backend="triton").run(q, cache)
+            assert_close(o, ref, q.dtype, name="engine's CUDA MLA decode vs Triton")
+            calls.append(q.shape[0])
+        return o
+
+    monkeypatch.setattr(cuda_decode.CudaMLADecodePlan, "run", checked)
+    cfg = dict(_TINY_DSV3, num_attention_heads=64, num_key_value_heads=64,
+               first_k_dense_replace=3)  # all layers dense: the test is about attention
+    path = tmp_path_factory.mktemp("dsv3") / "config.json"
+    path.write_text(json.dumps(cfg))
+    eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", page_size=64,
+                 num_kv_pages=256, max_num_seqs=8, max_model_len=1024)
+    assert eng.runner.graphs is not None, "CUDA graph capture failed (see the log)"
+    states = [b.attention for _, _, b in eng.runner.graphs.graphs.values()]
+    assert all(type(s.decode).__name__ == "CudaMLADecodePlan" for s in states), \
+        [type(s.decode).__name__ for s in states]
+    _check_graphs(eng, 5)
+    assert calls, "no eager step ran the CUDA MLA decode"
