@@ -193,16 +193,16 @@ def test_prefix_extend_with_cuda_paged_matches_triton(tmp_path_factory, monkeypa
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="the CUDA MLA decode is sm_90a only")
-def test_mla_decode_with_cuda_kernel_in_engine(tmp_path_factory, monkeypatch):
+def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch):
     """A DeepSeek-V3-shaped dummy (64 heads, 512 + 64 latents, page 64) decodes through the
-    CUDA MLA kernel: every call is checked in place against the Triton MLA kernel on the same
-    inputs. Eager decode: MLA models do not capture CUDA graphs yet (kvcache.store_mla has only
-    its reference backend, whose mask check syncs with the host), with either MLA kernel."""
+    CUDA MLA kernel captured in the engine's CUDA graphs (the latent rows stored by the Triton
+    store_mla, which does not sync): each replay is checked against the eager step, and every
+    eager call of the kernel in place against the Triton MLA kernel on the same inputs."""
     import json
 
     import tskernels
     from serve.config import _TINY_DSV3
-    from serve.engine import Engine, SamplingParams
+    from serve.engine import Engine
     from tskernels.ops.mla import cuda_decode
 
     calls = []
@@ -210,11 +210,12 @@ def test_mla_decode_with_cuda_kernel_in_engine(tmp_path_factory, monkeypatch):
 
     def checked(self, q, cache, **kw):
         o = real(self, q, cache, **kw)
-        ref = tskernels.mla.decode_plan(
-            self.page_table, self.seq_lens, num_heads=self.H, kv_cache=cache,
-            scale=self.scale, q_dtype=q.dtype, backend="triton").run(q, cache)
-        assert_close(o, ref, q.dtype, name="engine's CUDA MLA decode vs Triton")
-        calls.append(q.shape[0])
+        if not torch.cuda.is_current_stream_capturing():
+            ref = tskernels.mla.decode_plan(
+                self.page_table, self.seq_lens, num_heads=self.H, kv_cache=cache,
+                scale=self.scale, q_dtype=q.dtype, backend="triton").run(q, cache)
+            assert_close(o, ref, q.dtype, name="engine's CUDA MLA decode vs Triton")
+            calls.append(q.shape[0])
         return o
 
     monkeypatch.setattr(cuda_decode.CudaMLADecodePlan, "run", checked)
@@ -223,11 +224,10 @@ def test_mla_decode_with_cuda_kernel_in_engine(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.mktemp("dsv3") / "config.json"
     path.write_text(json.dumps(cfg))
     eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", page_size=64,
-                 num_kv_pages=256, max_num_seqs=8, max_model_len=1024, cuda_graphs=False)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(5, 400, (int(n),), generator=g).tolist()
-               for n in torch.randint(1, 300, (5,), generator=g)]
-    outs = eng.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
-                                                detokenize=False))
-    assert [len(o.token_ids) for o in outs] == [8] * 5
-    assert calls and max(calls) == 5, calls
+                 num_kv_pages=256, max_num_seqs=8, max_model_len=1024)
+    assert eng.runner.graphs is not None, "CUDA graph capture failed (see the log)"
+    states = [b.attention for _, _, b in eng.runner.graphs.graphs.values()]
+    assert all(type(s.decode).__name__ == "CudaMLADecodePlan" for s in states), \
+        [type(s.decode).__name__ for s in states]
+    _check_graphs(eng, 5)
+    assert calls, "no eager step ran the CUDA MLA decode"

@@ -10,7 +10,7 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference  # noqa: F401  (register backends)
+from . import reference, triton  # noqa: F401  (register backends)
 
 CACHE_DTYPES = _check.FLOAT_OR_FP64 + _check.FP8
 
