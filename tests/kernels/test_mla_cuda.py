@@ -1,7 +1,7 @@
 """CUDA absorbed-MLA decode (mla.decode.cuda: tskernels/ops/mla/cuda/mla_decode_wgmma.cu, wgmma +
 TMA, sm_90a) vs tskernels_ref.mla on the GPU: ragged lengths (0, 1, on / off tile and page
-boundaries), pages of 64-256 rows, permuted page tables with NaN in every unused row, 64-256
-heads, bf16 / fp16, forced split counts (empty splits included), strided q / out, NaN-poisoned
+boundaries), pages of 64-256 rows, permuted page tables with NaN in every unused row, 1-192
+heads (64-head blocks, a partial last one), bf16 / fp16, forced split counts (empty splits included), strided q / out, NaN-poisoned
 outputs; CUDA-graph replay with new data; clear errors. GPU only (pytest -m gpu)."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ SCALE = 0.07
 @st.composite
 def problem(draw):
     return dict(lens=draw(tst.seq_lens(max_batch=6, max_len=1500)),
-                heads=draw(st.sampled_from([64, 128, 192])),
+                heads=draw(st.sampled_from([1, 16, 64, 100, 128, 192])),
                 page_size=draw(st.sampled_from([64, 128, 256])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
                 splits=draw(st.sampled_from([None, 1, 2, 3, 7, 40])),
@@ -124,9 +124,6 @@ def test_cuda_mla_decode_named_and_rejections():
     kv, cache, q = _make(c)
     o = mla.decode(q, cache, kv.page_table, kv.seq_lens, scale=SCALE, backend="cuda")
     _check(o, q, cache, kv)
-    with pytest.raises(SelectionError, match="num_heads"):
-        mla.decode(q[:, :16].contiguous(), cache, kv.page_table, kv.seq_lens, scale=SCALE,
-                   backend="cuda")
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=cache,
                            scale=SCALE, q_dtype=q.dtype, backend="cuda")
     with pytest.raises(ValueError, match="q must be"):
@@ -141,6 +138,6 @@ def test_cuda_mla_decode_named_and_rejections():
     with pytest.raises(SelectionError, match="page_size"):
         mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=small,
                         scale=SCALE, backend="cuda")
-    with pytest.raises(ValueError, match="multiple of 64 heads"):
-        CudaMLADecodePlan(kv.page_table, kv.seq_lens, num_heads=96, kv_lora_rank=512,
+    with pytest.raises(ValueError, match="heads"):
+        CudaMLADecodePlan(kv.page_table, kv.seq_lens, num_heads=2000, kv_lora_rank=512,
                           rope_dim=64, page_size=64, scale=SCALE)

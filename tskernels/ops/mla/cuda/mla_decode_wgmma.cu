@@ -1,7 +1,8 @@
 // Absorbed-MLA decode for Hopper (sm_90a): warpgroup MMAs (wgmma) on a paged latent cache fed
 // by TMA. One query token per request; each cache row is [c_kv (512) | k_rope (64)], shared by
 // all heads; o = softmax(c * q . row) @ rows[:, :512]. 16-bit q and cache (bf16, or fp16 with
-// -DFP16), 64 heads per CTA (num_heads a multiple of 64), pages of 64 / 128 / 256 rows.
+// -DFP16), 64 heads per CTA (a last block of fewer heads runs on zero rows of Q that are never
+// stored), pages of 64 / 128 / 256 rows.
 //
 // Why a separate kernel: with 64-128 heads the op is bound by its MMAs (2 * 64 * 1088 FLOPs per
 // 1152-byte row and head block), and the Triton kernel keeps a [64 x 512] fp32 accumulator in
@@ -61,8 +62,10 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ u32 swz(u32 base, int r, int ch) {
     return base + r * 128 + ((ch ^ (r & 7)) << 4);
 }
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+// 16 bytes, or zeros when nbytes is 0
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int nbytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(nbytes) : "memory");
 }
 __device__ __forceinline__ void fence_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -207,18 +210,18 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
     float* st_m = st_alpha + 64;
     float* st_sum = st_alpha + 128;
 
-    const int hb_count = H >> 6;
+    const int hb_count = (H + 63) >> 6;
     const int pid = blockIdx.x;
     const int hb = pid % hb_count, split = (pid / hb_count) % num_splits;
     const int b = pid / (hb_count * num_splits);
-    const int h0 = hb * 64;
+    const int h0 = hb * 64, hrows = min(64, H - h0);  // a last block may be partial
     const int L = seq_lens[b];
     const int tiles = (L + BN - 1) / BN, per = (tiles + num_splits - 1) / num_splits;
     const int t0 = split * per, n = min(tiles, t0 + per) - t0;  // this CTA's tiles
     const int tid = threadIdx.x, wg = tid >> 7;
 
     if (n <= 0) {  // nothing to attend (empty request or split): o = 0, lse = -inf
-        for (int i = tid; i < 64 * DC / 2; i += 384) {
+        for (int i = tid; i < hrows * DC / 2; i += 384) {
             const int r = i / (DC / 2), col = 2 * (i % (DC / 2));
             if (num_splits == 1)
                 *(u32*)(o + (long)b * o_st + (long)(h0 + r) * o_sh + col) = 0u;
@@ -226,7 +229,7 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                 *(float2*)(po + ((long)(b * H + h0 + r) * num_splits + split) * DC + col) =
                     make_float2(0.f, 0.f);
         }
-        if (num_splits > 1 && tid < 64) plse[(long)(b * H + h0 + tid) * num_splits + split] = NEG_INF;
+        if (num_splits > 1 && tid < hrows) plse[(long)(b * H + h0 + tid) * num_splits + split] = NEG_INF;
         return;
     }
 
@@ -287,7 +290,9 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         const int t2 = tid - 128;
         for (int i = t2; i < 64 * DW / 8; i += 256) {
             const int r = i / (DW / 8), ch = i % (DW / 8);
-            cp_async16(swz(sq + (ch >> 3) * CHUNK, r, ch & 7), qb + (long)r * q_sh + ch * 8);
+            const bool ok = r < hrows;  // rows past the heads: zeros (finite logits, unused)
+            cp_async16(swz(sq + (ch >> 3) * CHUNK, r, ch & 7), qb + (long)(ok ? r : 0) * q_sh + ch * 8,
+                       ok ? 16 : 0);
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
         fence_async_shared();
@@ -432,24 +437,34 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
     if (num_splits == 1) {
         u16* oA = o + (long)b * o_st + (long)(h0 + rowA) * o_sh + col0;
         u16* oB = o + (long)b * o_st + (long)(h0 + rowB) * o_sh + col0;
+        if (rowA < hrows) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            *(u32*)(oA + 8 * i) = pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
-            *(u32*)(oB + 8 * i) = pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
+            for (int i = 0; i < 32; ++i)
+                *(u32*)(oA + 8 * i) = pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+        }
+        if (rowB < hrows) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                *(u32*)(oB + 8 * i) = pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
         }
     } else {
         const long rA = (long)(b * H + h0 + rowA) * num_splits + split;
         const long rB = (long)(b * H + h0 + rowB) * num_splits + split;
         float* pA = po + rA * DC + col0;
         float* pB = po + rB * DC + col0;
+        if (rowA < hrows) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            *(float2*)(pA + 8 * i) = make_float2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
-            *(float2*)(pB + 8 * i) = make_float2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
+            for (int i = 0; i < 32; ++i)
+                *(float2*)(pA + 8 * i) = make_float2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+        }
+        if (rowB < hrows) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                *(float2*)(pB + 8 * i) = make_float2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
         }
         if (a == 0 && qc == 0) {  // natural-log LSE of the split (m in base-2 units)
-            plse[rA] = (mA + __log2f(lA)) * 0.69314718055994531f;
-            plse[rB] = (mB + __log2f(lB)) * 0.69314718055994531f;
+            if (rowA < hrows) plse[rA] = (mA + __log2f(lA)) * 0.69314718055994531f;
+            if (rowB < hrows) plse[rB] = (mB + __log2f(lB)) * 0.69314718055994531f;
         }
     }
 #else
