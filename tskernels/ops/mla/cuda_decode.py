@@ -4,7 +4,9 @@ For 64-128 heads MLA decode is bound by its MMAs, not its bytes: each 1152-byte 
 costs 2 * 64 * (576 + 512) FLOPs per 64-head block. The Triton kernel holds a [64 x 512] fp32
 accumulator in one warpgroup (255 registers, ~230 TFLOP/s on the H200); this kernel splits the
 512 output columns between two consumer warpgroups that take the tiles' logits in turn and
-exchange P through shared memory, with warpgroup MMAs (wgmma) fed by TMA. Narrow on purpose:
+exchange P through shared memory, with warpgroup MMAs (wgmma) fed by TMA. With 16 heads (a
+padded 64-row block) it is bound by the latent reads and streams them faster than the Triton
+kernel's 16-row form too (3.5-4.1 vs 2.7-3.3 TB/s at B >= 64). Narrow on purpose:
 sm_90a only, kv_lora_rank 512 + rope 64, 16-bit q and cache of one dtype, 64-head blocks (a
 last, partial block runs on zero rows), pages of 64 / 128 / 256 rows, a contiguous cache. The
 registry offers it only for such problems, and picks it by itself where it was measured faster
@@ -162,9 +164,10 @@ def make_plan(page_table, seq_lens, **kw) -> CudaMLADecodePlan:
 TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
           "page_size": lambda p: p in PAGE_SIZES,
           "num_heads": lambda h: 1 <= h <= MAX_HEADS}
-# auto-selected where it was measured faster than the Triton kernel (H200, session 7:
-# 64 and 128 heads at every bench shape); named, it runs any head count
-PREFER = {"num_heads": lambda h: h >= HEADS_PER_CTA}
+# auto-selected where it was measured faster than the Triton kernel (H200, session 7,
+# results/h200/mla_decode_cuda_s7{d,j}.json: 16, 32, 64 and 128 heads at every shape, B 1-128,
+# L 4k-32k; fewer heads are not measured); named, it runs any head count
+PREFER = {"num_heads": lambda h: h >= 16}
 
 
 @register("mla", "decode", backend="cuda", traits=TRAITS,
