@@ -556,18 +556,20 @@ def mla_cuda():
     variants = [""] + [v for v in os.environ.get("MLA_CUDA_VARIANTS", "").split(";") if v]
     rows = []
     for spec in shapes.split(","):
-        h, b, l = (int(x) for x in spec.split("x"))
-        shape = {"B": b, "L": l, "fp8": 0, "H": h}
+        h, b, l, *f = (int(x) for x in spec.split("x"))  # "HxBxL" or "HxBxLx1" (fp8 latents)
+        shape = {"B": b, "L": l, "fp8": f[0] if f else 0, "H": h}
         gen = torch.Generator("cuda").manual_seed(0)
         d = _prepare(_make(shape, "cuda", gen))
+        ks = d.get("scale")
         ref = _torch_bmm(d).float()
         tp = MLAPlan(torch.arange(b + 1, dtype=torch.int32, device="cuda"), d["pt"], d["lens"],
                      num_heads=h, kv_lora_rank=512, rope_dim=64, page_size=64, scale=d["plan"].scale,
                      causal=False, max_new_tokens=1, kv_dtype=d["cache"].dtype)
         t = {"torch_bmm": _time(lambda d: _torch_bmm(d), [d], iters=20, graph=True),
-             "triton": _time(lambda d: tp.run(d["q"], d["cache"], out=d["out"]), [d], iters=20,
-                             graph=True)}
-        errs = {"triton": ((tp.run(d["q"], d["cache"]).float() - ref).norm() / ref.norm()).item()}
+             "triton": _time(lambda d: tp.run(d["q"], d["cache"], kv_scale=ks, out=d["out"]),
+                             [d], iters=20, graph=True)}
+        errs = {"triton": ((tp.run(d["q"], d["cache"], kv_scale=ks).float() - ref).norm()
+                           / ref.norm()).item()}
         for var in variants:
             for ns in splits:
                 name = f"cuda{'[' + var + ']' if var else ''}{'/s' + str(ns) if ns else ''}"
@@ -576,9 +578,10 @@ def mla_cuda():
                                            rope_dim=64, page_size=64, scale=tp.scale,
                                            num_splits=ns or None, kv_dtype=d["cache"].dtype,
                                            extra=tuple(f"-D{x}" for x in var.split(",") if x))
-                    o = cp.run(d["q"], d["cache"]).float()
+                    o = cp.run(d["q"], d["cache"], kv_scale=ks).float()
                     errs[name] = ((o - ref).norm() / ref.norm()).item()
-                    t[name] = _time(lambda d, cp=cp: cp.run(d["q"], d["cache"], out=d["out"]),
+                    t[name] = _time(lambda d, cp=cp: cp.run(d["q"], d["cache"], kv_scale=ks,
+                                                            out=d["out"]),
                                     [d], iters=20, graph=True)
                     errs[name + ":splits"] = cp.num_splits
                 except Exception as e:  # noqa: BLE001 - report and go on with the others
@@ -587,7 +590,7 @@ def mla_cuda():
         rows.append(dict(shape=shape, us=t, err=errs, bytes=by, flops=fl))
         line = " ".join(f"{k} {v:.1f}us({by / v / 1e6:.2f}TB/s,{fl / v / 1e6:.0f}TF)"
                         for k, v in t.items())
-        print(f"MLA H={h} B={b} L={l}: {line} err {errs}", flush=True)
+        print(f"MLA H={h} B={b} L={l} fp8={shape['fp8']}: {line} err {errs}", flush=True)
         del d
         torch.cuda.empty_cache()
     with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'mla_decode_cuda.json')}", "w") as f:

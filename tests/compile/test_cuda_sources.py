@@ -108,16 +108,17 @@ def test_cuda_prefill_compiles(tmp_path):
 
 
 def test_cuda_mla_decode_compiles(tmp_path):
-    """The wgmma MLA decode builds for sm_90a (bf16 and fp16) with its warpgroup MMAs (the
-    64-key logits and the 256-column P V, from registers and from shared memory) and TMA copies
-    in the PTX, no spills and no ptxas-serialised MMAs, within the shared-memory limit."""
+    """The wgmma MLA decode builds for sm_90a (bf16 / fp16 q, 16-bit / fp8 latents) with its
+    warpgroup MMAs (the 64-key logits and the 256-column P V, from registers and from shared
+    memory) and TMA copies in the PTX, no spills and no ptxas-serialised MMAs, within the
+    shared-memory limit."""
     from tskernels.ops.mla import cuda_decode
     spec = next(k for k in tskernels.kernels() if k.name == "mla.decode.cuda")
     assert spec.verification.compiled == frozenset({"sm_90"})
     assert cuda_decode.smem_bytes() <= 232448
     rows = []
-    for fp16 in (False, True):
-        opts = cuda_decode.nvcc_options(fp16)
+    for fp16, fp8 in ((False, False), (True, False), (False, True), (True, True)):
+        opts = cuda_decode.nvcc_options(fp16, fp8=fp8)
         src = str(cuda_decode.SOURCE)
         ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", src, "-o",
                               str(tmp_path / "m.ptx")], capture_output=True, text=True)
@@ -129,7 +130,7 @@ def test_cuda_mla_decode_compiles(tmp_path):
         text = (tmp_path / "m.ptx").read_text()
         regs = re.search(r"Used (\d+) registers", cub.stderr)
         spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
-        rows.append(dict(target="sm_90a", kernel="mla_decode_wgmma", fp16=fp16,
+        rows.append(dict(target="sm_90a", kernel="mla_decode_wgmma", fp16=fp16, fp8=fp8,
                          registers=int(regs.group(1)) if regs else None,
                          spill_bytes=int(spill.group(1)) if spill else 0,
                          shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)",

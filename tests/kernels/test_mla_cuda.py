@@ -1,7 +1,7 @@
 """CUDA absorbed-MLA decode (mla.decode.cuda: tskernels/ops/mla/cuda/mla_decode_wgmma.cu, wgmma +
 TMA, sm_90a) vs tskernels_ref.mla on the GPU: ragged lengths (0, 1, on / off tile and page
 boundaries), pages of 64-256 rows, permuted page tables with NaN in every unused row, 1-192
-heads (64-head blocks, a partial last one), bf16 / fp16, forced split counts (empty splits included), strided q / out, NaN-poisoned
+heads (64-head blocks, a partial last one), bf16 / fp16 q, 16-bit or fp8 latents, forced split counts (empty splits included), strided q / out, NaN-poisoned
 outputs; CUDA-graph replay with new data; clear errors. GPU only (pytest -m gpu)."""
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not HOPPER, reason="CUDA wgmma MLA decode: sm_90 GPU tier only")]
 SCALE = 0.07
+FP8 = torch.float8_e4m3fn
 
 
 @st.composite
@@ -30,27 +31,36 @@ def problem(draw):
                 page_size=draw(st.sampled_from([64, 128, 256])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
                 splits=draw(st.sampled_from([None, 1, 2, 3, 7, 40])),
+                fp8=draw(st.booleans()),
                 strided=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
 
 
 def _make(c):
+    """Pages with NaN in every unused row (fp8: quantised with a per-tensor scale, NaN kept)."""
     gen = torch.Generator().manual_seed(c["seed"])
     kv = paged_kv(c["lens"], c["page_size"], 1, 576, dtype=c["dtype"], device="cuda", gen=gen)
-    cache = kv.k_cache[:, :, 0].contiguous()
+    cache, scale = kv.k_cache[:, :, 0].contiguous(), None
+    if c.get("fp8"):
+        scale = (cache.float().nan_to_num(0).abs().amax() / 448.0).reshape(1)
+        cache = (cache.float() / scale).to(FP8)
     B, H = len(c["lens"]), c["heads"]
     q = torch.randn(B, H + (1 if c["strided"] else 0), 576, generator=gen)
-    return kv, cache, q.to("cuda", c["dtype"])[:, :H]
+    return kv, cache, q.to("cuda", c["dtype"])[:, :H], scale
 
 
-def _check(o, q, cache, kv):
-    truth = ref.decode(q.cpu().double(), cache.cpu().double(), kv.page_table.cpu(),
-                       kv.seq_lens.cpu(), scale=SCALE)
-    same = ref.decode(q.cpu(), cache.cpu(), kv.page_table.cpu(), kv.seq_lens.cpu(), scale=SCALE)
+def _check(o, q, cache, kv, scale=None):
+    """Against float64 math on the same (dequantised) rows; an fp8 cache is exact in float."""
+    c64 = cache.cpu() if cache.dtype == FP8 else cache.cpu().double()
+    s = scale.cpu() if scale is not None else None
+    truth = ref.decode(q.cpu().double(), c64, kv.page_table.cpu(), kv.seq_lens.cpu(),
+                       scale=SCALE, kv_scale=s)
+    same = ref.decode(q.cpu(), cache.cpu(), kv.page_table.cpu(), kv.seq_lens.cpu(), scale=SCALE,
+                      kv_scale=s)
     assert_close(o, truth, baseline=same)
 
 
 def _run(c):
-    kv, cache, q = _make(c)
+    kv, cache, q, scale = _make(c)
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=c["heads"], kv_cache=cache,
                            scale=SCALE, q_dtype=c["dtype"], num_splits=c["splits"],
                            backend="cuda")
@@ -59,11 +69,11 @@ def _run(c):
     big = torch.full((B, H + (2 if c["strided"] else 0), 512), float("nan"), dtype=q.dtype,
                      device="cuda")
     out = big[:, :H]
-    o = plan.run(q, cache, out=out)
+    o = plan.run(q, cache, kv_scale=scale, out=out)
     assert o.data_ptr() == out.data_ptr()
     if c["strided"]:
         assert big[:, H:].isnan().all(), "wrote past the heads of out"
-    _check(o, q, cache, kv)
+    _check(o, q, cache, kv, scale)
 
 
 @pytest.mark.parametrize("shard", tst.shards())
@@ -72,13 +82,14 @@ def test_cuda_mla_decode_matches_reference(shard):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 5, 64])
-def test_cuda_mla_decode_edges(splits):
+@pytest.mark.parametrize("fp8", [False, True])
+def test_cuda_mla_decode_edges(splits, fp8):
     """Lengths around tile (64) and page boundaries, an empty request, more splits than
     tiles (empty splits write o = 0 / lse = -inf)."""
     for page in (64, 256):
         _run(dict(lens=[0, 1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 2049], heads=128,
                   page_size=page, dtype=torch.bfloat16, splits=splits, strided=False,
-                  seed=splits * 7 + page))
+                  fp8=fp8, seed=splits * 7 + page))
 
 
 def test_cuda_mla_decode_large_logits():
@@ -86,7 +97,7 @@ def test_cuda_mla_decode_large_logits():
     passed between the two consumers and every rescale must use it."""
     c = dict(lens=[1000, 333], heads=64, page_size=64, dtype=torch.bfloat16, splits=1,
              strided=False, seed=5)
-    kv, cache, q = _make(c)
+    kv, cache, q, _ = _make(c)
     q = q * 8
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=cache,
                            scale=SCALE, q_dtype=q.dtype, num_splits=1, backend="cuda")
@@ -97,7 +108,7 @@ def test_cuda_mla_decode_graph_replay():
     """A captured run replays with new q, cache contents and lengths in the same buffers."""
     c = dict(lens=[700, 64, 1], heads=128, page_size=64, dtype=torch.bfloat16, splits=None,
              strided=False, seed=11)
-    kv, cache, q = _make(c)
+    kv, cache, q, _ = _make(c)
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=128, kv_cache=cache,
                            scale=SCALE, q_dtype=q.dtype, max_seq_len=1024, backend="cuda")
     out = torch.empty(3, 128, 512, dtype=q.dtype, device="cuda")
@@ -121,7 +132,7 @@ def test_cuda_mla_decode_graph_replay():
 def test_cuda_mla_decode_named_and_rejections():
     c = dict(lens=[100, 5], heads=64, page_size=64, dtype=torch.bfloat16, splits=None,
              strided=False, seed=3)
-    kv, cache, q = _make(c)
+    kv, cache, q, _ = _make(c)
     o = mla.decode(q, cache, kv.page_table, kv.seq_lens, scale=SCALE, backend="cuda")
     _check(o, q, cache, kv)
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=cache,
@@ -130,8 +141,15 @@ def test_cuda_mla_decode_named_and_rejections():
         plan.run(q.half(), cache)
     with pytest.raises(ValueError, match="kv_cache must be"):
         plan.run(q, cache[:, :, :].transpose(0, 1).contiguous().transpose(0, 1))
-    with pytest.raises(ValueError, match="16-bit caches only"):
+    with pytest.raises(ValueError, match="kv_scale is required"):
         plan.run(q, cache, kv_scale=torch.ones(1, device="cuda"))
+    f8 = cache.float().nan_to_num(0).to(FP8)
+    p8 = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=f8, scale=SCALE,
+                         q_dtype=q.dtype, backend="cuda")
+    with pytest.raises(ValueError, match="kv_scale is required"):
+        p8.run(q, f8)
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        p8.run(q, cache, kv_scale=torch.ones(1, device="cuda"))
     with pytest.raises(ValueError, match="out must be"):
         plan.run(q, cache, out=torch.empty(2, 64, 512, device="cuda"))
     small = paged_kv([10], 16, 1, 576, device="cuda").k_cache[:, :, 0].contiguous()

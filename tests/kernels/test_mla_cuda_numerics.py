@@ -26,9 +26,14 @@ from tskernels.testing import strategies as tst
 from tskernels.testing.problems import paged_kv
 
 
-def model_decode(q, cache, page_table, seq_lens, scale, num_splits):
-    """What the kernel (and the merge) compute, in torch float32 (see the module docstring)."""
-    c = scale * math.log2(math.e)
+def model_decode(q, cache, page_table, seq_lens, scale, num_splits, kv_scale=None):
+    """What the kernel (and the merge) compute, in torch float32 (see the module docstring).
+    An fp8 cache (kv_scale given): rows exact in f16, q and P rounded to f16 (the MMAs' type),
+    the logits' constant and the output scaled by kv_scale."""
+    fp8 = kv_scale is not None
+    mma = torch.float16 if fp8 else q.dtype
+    ks = float(kv_scale) if fp8 else 1.0
+    c = scale * math.log2(math.e) * ks
     B, H = q.shape[:2]
     ps = cache.shape[1]
     out = torch.zeros(B, H, 512, dtype=q.dtype)
@@ -43,7 +48,7 @@ def model_decode(q, cache, page_table, seq_lens, scale, num_splits):
             t0, t1 = s * per, min(tiles, s * per + per)
             if t1 <= t0:
                 continue
-            qs = q[b].float()                                   # [H, 576]
+            qs = q[b].to(mma).float()                           # [H, 576]
             m = torch.full((H,), -math.inf)
             l_ = torch.zeros(H)
             o = torch.zeros(H, 512)
@@ -54,9 +59,9 @@ def model_decode(q, cache, page_table, seq_lens, scale, num_splits):
                 alpha = torch.exp2(m - m_new)
                 p = torch.exp2(sc * c - m_new[:, None])
                 l_ = l_ * alpha + p.sum(-1)
-                o = o * alpha[:, None] + p.to(q.dtype).float() @ kv[:, :512]
+                o = o * alpha[:, None] + p.to(mma).float() @ kv[:, :512]
                 m = m_new
-            parts.append((o / l_[:, None], (m + torch.log2(l_)) * math.log(2)))
+            parts.append((ks * o / l_[:, None], (m + torch.log2(l_)) * math.log(2)))
         if parts:
             lse = torch.stack([x[1] for x in parts])            # [S', H]
             w = torch.softmax(lse, 0)
@@ -69,7 +74,7 @@ def problem(draw):
     return dict(lens=draw(tst.seq_lens(max_batch=2, max_len=300)),
                 page_size=draw(st.sampled_from([64, 128])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
-                splits=draw(st.sampled_from([1, 2, 5])),
+                splits=draw(st.sampled_from([1, 2, 5])), fp8=draw(st.booleans()),
                 spread=draw(st.sampled_from([0.0, 1.0, 4.0])),
                 seed=draw(st.integers(0, 2**31 - 1)))
 
@@ -78,12 +83,16 @@ def problem(draw):
 def test_cuda_mla_decode_arithmetic_matches_reference(c):
     gen = torch.Generator().manual_seed(c["seed"])
     kv = paged_kv(c["lens"], c["page_size"], 1, 576, dtype=c["dtype"], gen=gen)
-    cache = kv.k_cache[:, :, 0].contiguous()
+    cache, scale = kv.k_cache[:, :, 0].contiguous(), None
+    if c["fp8"]:
+        scale = (cache.float().nan_to_num(0).abs().amax() / 448.0).reshape(1)
+        cache = (cache.float() / scale).to(torch.float8_e4m3fn)
     # spread 0: all-zero q (uniform softmax); larger: wide logit ranges, most p tiny
     q = (torch.randn(len(c["lens"]), 64, 576, generator=gen) * c["spread"]).to(c["dtype"])
-    o = model_decode(q, cache, kv.page_table, kv.seq_lens, 0.07, c["splits"])
-    truth = ref.decode(q.double(), cache.double(), kv.page_table, kv.seq_lens, scale=0.07)
-    same = ref.decode(q, cache, kv.page_table, kv.seq_lens, scale=0.07)
+    o = model_decode(q, cache, kv.page_table, kv.seq_lens, 0.07, c["splits"], scale)
+    c64 = cache if c["fp8"] else cache.double()
+    truth = ref.decode(q.double(), c64, kv.page_table, kv.seq_lens, scale=0.07, kv_scale=scale)
+    same = ref.decode(q, cache, kv.page_table, kv.seq_lens, scale=0.07, kv_scale=scale)
     assert_close(o, truth, baseline=same, name=f"cuda mla decode arithmetic {c}")
 
 
@@ -107,7 +116,7 @@ def test_cuda_mla_decode_registration_and_plan_checks():
     assert spec.band == "specialized"
     assert (spec.capability.min_sm, spec.capability.max_sm) == (90, 90)
     assert spec.verification.compiled == frozenset({"sm_90"})
-    assert set(spec.formats["kv"]) == {"bf16", "fp16"}
+    assert set(spec.formats["kv"]) == {"bf16", "fp16", "fp8_e4m3:per_tensor"}
     t = spec.traits
     assert t["num_heads"](16) and t["num_heads"](128) and not t["num_heads"](0)
     # auto-selected only where measured faster than the Triton kernel (16 heads and more)
@@ -127,7 +136,7 @@ def test_cuda_mla_decode_registration_and_plan_checks():
     for change, match in (({"num_heads": 0}, "heads"),
                           ({"page_size": 16}, "page size"), ({"rope_dim": 32}, "rope 64 only"),
                           ({"q_dtype": torch.float32}, "bf16 or fp16"),
-                          ({"kv_dtype": torch.float8_e4m3fn}, "same dtype"),
+                          ({"kv_dtype": torch.float32}, "same dtype"),
                           ({}, "CUDA device")):
         with pytest.raises(ValueError, match=match):
             cuda_decode.CudaMLADecodePlan(pt, lens, **{**ok, **change})

@@ -82,17 +82,21 @@ def sm90a_function(device: torch.device, path, kernel: str, options: tuple[str, 
 
 
 def tensor_map_2d(t: torch.Tensor, rows: int, cols: int, row_bytes: int, box_rows: int,
-                  box_cols: int = 64) -> ctypes.Array:
-    """The TMA descriptor (CUtensorMap, 128 bytes) of a 16-bit tensor seen as 2-D [rows, cols]
-    from t's data pointer with `row_bytes` between rows: boxes of box_cols x box_rows, 128-byte
-    swizzle (the layout the wgmma descriptors read), rows past the end read as zeros."""
+                  box_cols: int = 64, swizzle: bool = True) -> ctypes.Array:
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a 16-bit or 8-bit tensor seen as 2-D
+    [rows, cols] from t's data pointer with `row_bytes` between rows: boxes of box_cols x
+    box_rows, 128-byte swizzle (the layout the wgmma descriptors read) or none, rows past the
+    end read as zeros."""
     cu = driver()
-    dt = {torch.bfloat16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-          torch.float16: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[t.dtype]
+    T = cu.CUtensorMapDataType
+    dt = {torch.bfloat16: T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          torch.float16: T.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+          torch.float8_e4m3fn: T.CU_TENSOR_MAP_DATA_TYPE_UINT8}[t.dtype]
+    sw = cu.CUtensorMapSwizzle
     u64, u32 = cu.cuuint64_t, cu.cuuint32_t
     rest = ([u64(cols), u64(rows)], [u64(row_bytes)], [u32(box_cols), u32(box_rows)],
             [u32(1), u32(1)], cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            sw.CU_TENSOR_MAP_SWIZZLE_128B if swizzle else sw.CU_TENSOR_MAP_SWIZZLE_NONE,
             cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     try:

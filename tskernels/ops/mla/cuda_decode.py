@@ -48,7 +48,10 @@ def smem_bytes() -> int:
     return 3 * 9 * chunk + chunk + 3 * 64 * 4 + 32 + 1024
 
 
-def nvcc_options(fp16: bool, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+def nvcc_options(fp16: bool, extra: tuple[str, ...] = (), fp8: bool = False) -> tuple[str, ...]:
+    """fp16: q (and a 16-bit cache) fp16; fp8: an fp8-e4m3 latent cache (the MMAs in f16)."""
+    if fp8:
+        return ("-std=c++17", "-DFP8KV", *(("-DQF16",) if fp16 else ()), *extra)
     return ("-std=c++17", *(("-DFP16",) if fp16 else ()), *extra)
 
 
@@ -76,9 +79,10 @@ class CudaMLADecodePlan:
         if page_size not in PAGE_SIZES:
             raise ValueError(f"CUDA MLA decode: page size 64, 128 or 256, got {page_size}")
         if q_dtype not in (torch.bfloat16, torch.float16) or \
-                (kv_dtype is not None and kv_dtype != q_dtype):
-            raise ValueError(f"CUDA MLA decode: bf16 or fp16 q with a cache of the same dtype, "
-                             f"got q {q_dtype}, cache {kv_dtype}")
+                kv_dtype not in (None, q_dtype, torch.float8_e4m3fn):
+            raise ValueError(f"CUDA MLA decode: bf16 or fp16 q with a cache of the same dtype "
+                             f"or fp8-e4m3, got q {q_dtype}, cache {kv_dtype}")
+        self.fp8 = kv_dtype == torch.float8_e4m3fn
         dev = page_table.device
         if dev.type != "cuda":
             raise ValueError("CUDA MLA decode: tensors must be on a CUDA device")
@@ -106,13 +110,19 @@ class CudaMLADecodePlan:
             self.partial_lse = torch.empty(B * num_heads * num_splits, dtype=torch.float32,
                                            device=dev)
         self._fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL,
-                                              nvcc_options(q_dtype == torch.float16, extra),
+                                              nvcc_options(q_dtype == torch.float16, extra,
+                                                           self.fp8),
                                               smem_bytes(), "CUDA MLA decode")
 
     def run(self, q, kv_cache, *, kv_scale=None, out=None):
         """q [B, H, 576] -> o [B, H, 512] (into `out` when given)."""
-        if kv_scale is not None:
-            raise ValueError("CUDA MLA decode: 16-bit caches only (no kv_scale)")
+        if self.fp8 != (kv_scale is not None):
+            raise ValueError("CUDA MLA decode: kv_scale is required for an fp8 latent cache "
+                             "and only for one (the plan was made for "
+                             f"{'fp8' if self.fp8 else 'a 16-bit cache'})")
+        if kv_scale is not None and (kv_scale.dtype != torch.float32 or kv_scale.numel() != 1
+                                     or kv_scale.device != q.device):
+            raise ValueError("CUDA MLA decode: kv_scale must be one float32 value on q's device")
         B, H = self.batch, self.H
         if q.dtype != self.q_dtype or tuple(q.shape) != (B, H, DC + DR) or q.stride(2) != 1 or \
                 q.device != self.device or q.data_ptr() % 16 or q.stride(0) % 8 or \
@@ -120,12 +130,13 @@ class CudaMLADecodePlan:
             raise ValueError(f"CUDA MLA decode: q must be [{B}, {H}, {DC + DR}] {self.q_dtype} "
                              f"on {self.device} with 16-byte-aligned rows, got "
                              f"{tuple(q.shape)} {q.dtype} strides {tuple(q.stride())}")
-        if kv_cache.dtype != q.dtype or kv_cache.dim() != 3 or \
+        want = torch.float8_e4m3fn if self.fp8 else q.dtype
+        if kv_cache.dtype != want or kv_cache.dim() != 3 or \
                 tuple(kv_cache.shape[1:]) != (self.page_size, DC + DR) or \
                 not kv_cache.is_contiguous() or kv_cache.data_ptr() % 16 or \
                 kv_cache.device != q.device:
             raise ValueError(f"CUDA MLA decode: kv_cache must be a contiguous [pages, "
-                             f"{self.page_size}, {DC + DR}] {q.dtype} tensor on {q.device}, got "
+                             f"{self.page_size}, {DC + DR}] {want} tensor on {q.device}, got "
                              f"{tuple(kv_cache.shape)} {kv_cache.dtype}")
         o = out if out is not None else q.new_empty(B, H, DC)
         if o.dtype != q.dtype or tuple(o.shape) != (B, H, DC) or o.stride(2) != 1 or \
@@ -137,12 +148,17 @@ class CudaMLADecodePlan:
             return o
         rows = kv_cache.shape[0] * self.page_size
         c = ctypes
-        maps = [cuda_driver.tensor_map_2d(kv_cache, rows, DC + DR, (DC + DR) * 2, box)
-                for box in (BLOCK_N, 1)]
+        if self.fp8:  # boxes of [rows x 192 bytes], unswizzled (the kernel converts them)
+            maps = [cuda_driver.tensor_map_2d(kv_cache, rows, DC + DR, DC + DR, box, 192, False)
+                    for box in (BLOCK_N, 1)]
+        else:
+            maps = [cuda_driver.tensor_map_2d(kv_cache, rows, DC + DR, (DC + DR) * 2, box)
+                    for box in (BLOCK_N, 1)]
         S = self.num_splits
         po, plse = (self.partial_o, self.partial_lse) if S > 1 else (o, o)
+        ks = kv_scale if kv_scale is not None else self.seq_lens  # any pointer when unused
         args = (*maps, *(c.c_uint64(t.data_ptr()) for t in (q, o, po, plse, self.seq_lens,
-                                                             self.page_table)),
+                                                             self.page_table, ks)),
                 c.c_float(self.scale * LOG2E), c.c_int(H), c.c_int(S),
                 c.c_int(self.page_size.bit_length() - 1),
                 *(c.c_int64(s) for s in (q.stride(0), q.stride(1), o.stride(0), o.stride(1),
@@ -173,7 +189,8 @@ PREFER = {"num_heads": lambda h: h >= 16}
 @register("mla", "decode", backend="cuda", traits=TRAITS,
           capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
                                 modules=frozenset({"cuda.bindings"})),
-          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")}, band="specialized",
+          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16", "fp8_e4m3:per_tensor")},
+          band="specialized",
           tags=("deterministic", "throughput"), compiled=("sm_90",), prefer=PREFER)
 def decode(q, kv_cache, page_table, seq_lens, *, scale, kv_lora_rank=512, kv_scale=None):
     """CUDA absorbed-MLA paged decode (wgmma + TMA, sm_90a), 64-head blocks."""

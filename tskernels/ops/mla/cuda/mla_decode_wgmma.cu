@@ -24,12 +24,17 @@
 //  * splits: the plan may split a request's tiles over several CTAs; their partial o (fp32) and
 //    log-sum-exp go to a workspace, merged by the attention family's merge kernel.
 
-#ifdef FP16
+#if defined(FP16) || defined(FP8KV)  // the MMAs' operand type (fp8 latents: e4m3 -> f16 exact)
 #define DT "f16"
 #define CVT_PACK "cvt.rn.f16x2.f32"
 #else
 #define DT "bf16"
 #define CVT_PACK "cvt.rn.bf16x2.f32"
+#endif
+#if defined(FP16) || (defined(FP8KV) && defined(QF16))  // the output's (q's) type
+#define CVT_OUT "cvt.rn.f16x2.f32"
+#else
+#define CVT_OUT "cvt.rn.bf16x2.f32"
 #endif
 #define DC 512                     // latent width (the output's)
 #define DW 576                     // row width: latent + rope
@@ -40,13 +45,21 @@
 #define STAGE_BYTES (NCH * CHUNK)  // 72 KB
 #define P_OFFSET (Q_BYTES + 2 * STAGE_BYTES)
 #define ST_OFFSET (P_OFFSET + CHUNK)          // alpha[64], m[64], rowsum[64] (floats)
-#define BAR_OFFSET (ST_OFFSET + 3 * 64 * 4)   // full[2], empty[2]
-#define SMEM_BYTES (BAR_OFFSET + 32 + 1024)   // + alignment slack
+#define BAR_OFFSET (ST_OFFSET + 3 * 64 * 4)   // full[2], empty[2], loaded[2]
+#define SMEM_BYTES (BAR_OFFSET + 48 + 1024)   // + alignment slack
+#define BOX8 (64 * 192)            // fp8 latents: one [64 rows x 192 bytes] TMA box
+#define FP8_OFFSET (STAGE_BYTES / 2)  // ... 3 of them in a stage's upper half
 #ifndef PRODUCER_REGS
 #define PRODUCER_REGS 40
 #endif
 #ifndef CONSUMER_REGS
 #define CONSUMER_REGS 232
+#endif
+#ifndef FP8_PRODUCER_REGS          // fp8 latents: the producer converts (128 + 2 x 192 = 512;
+#define FP8_PRODUCER_REGS 128      // fewer for the producer spill, ptxas -v)
+#endif
+#ifndef FP8_CONSUMER_REGS
+#define FP8_CONSUMER_REGS 192
 #endif
 
 #define NEG_INF __int_as_float(0xff800000u)
@@ -122,6 +135,11 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     asm(CVT_PACK " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
 }
+__device__ __forceinline__ u32 pack_out(float lo, float hi) {
+    u32 d;
+    asm(CVT_OUT " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
 __device__ __forceinline__ float quad_reduce_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -190,6 +208,54 @@ __device__ __forceinline__ void rescale(float* acc, float aA, float aB) {
     }
 }
 
+#ifdef FP8KV
+// fp8 latents: N x 16 e4m3 bytes of row r from column col of the staged tile (3 boxes of
+// [64 rows x 192 bytes] at src); rows past the request (r >= rows) read as zeros
+template <int N>
+__device__ __forceinline__ void load_fp8(uint4* v, u32 src, int r, int rows, int col) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int c = col + 16 * i;
+        if (r < rows)
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                         : "r"(src + (c / 192) * BOX8 + r * 192 + c % 192) : "memory");
+        else
+            v[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+// ... as f16 into the swizzled [64 x 64] chunks of the stage (e4m3 -> f16 is exact)
+template <int N>
+__device__ __forceinline__ void store_f16(const uint4* v, u32 stage, int r, int col) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int c = col + 16 * i;
+        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+        u32 f[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\n"
+                "cvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+                : "=r"(f[2 * k]), "=r"(f[2 * k + 1]) : "r"(w[k]));
+        const u32 chunk = stage + (c >> 6) * CHUNK;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
+                     :: "r"(swz(chunk, r, (c & 63) >> 3)), "r"(f[0]), "r"(f[1]), "r"(f[2]),
+                        "r"(f[3]) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
+                     :: "r"(swz(chunk, r, ((c & 63) >> 3) + 1)), "r"(f[4]), "r"(f[5]), "r"(f[6]),
+                        "r"(f[7]) : "memory");
+    }
+}
+// columns [col, col + 16 n) of row r, read and written 16 bytes at a time (no overlap)
+__device__ __forceinline__ void convert_fp8(u32 src, u32 stage, int r, int rows, int col, int n) {
+    for (int i = 0; i < n; ++i) {
+        uint4 v[1];
+        load_fp8<1>(v, src, r, rows, col + 16 * i);
+        store_f16<1>(v, stage, r, col + 16 * i);
+    }
+}
+#endif
+
 // kvmap / kvmap1: a layer's latent cache seen as a 2-D [pages * page_size, 576] tensor, boxes of
 // 64 columns x 64 rows / x 1 row. q [B, H, 576] (strides q_st, q_sh), o [B, H, 512] (o_st, o_sh);
 // num_splits > 1: po [B * H * num_splits, 512] fp32 and plse [B * H * num_splits] instead.
@@ -199,7 +265,8 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                         const u16* __restrict__ q, u16* __restrict__ o,
                         float* __restrict__ po, float* __restrict__ plse,
                         const int* __restrict__ seq_lens, const int* __restrict__ page_table,
-                        float c, int H, int num_splits, int page_shift, long q_st, long q_sh,
+                        const float* __restrict__ kv_scale, float c, int H, int num_splits,
+                        int page_shift, long q_st, long q_sh,
                         long o_st, long o_sh, long pt_st) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -235,7 +302,12 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
 
     if (tid == 0) {
         for (int s = 0; s < 2; ++s) {
+#ifdef FP8KV
+            mbar_init(bars + 8 * s, 128);        // the producer warpgroup (converted)
+            mbar_init(bars + 32 + 8 * s, 1);     // the TMA lane (+ bytes)
+#else
             mbar_init(bars + 8 * s, 1);          // the TMA lane (+ bytes)
+#endif
             mbar_init(bars + 16 + 8 * s, 256);   // consumer threads
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -248,6 +320,55 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
     fence_async_shared();
     __syncthreads();
 
+#ifdef FP8KV
+    // fp8 latents: the tile arrives as e4m3 in the stage's upper half (3 boxes of [64 rows x
+    // 192 bytes]); the producer warpgroup converts it to f16 into the swizzled chunks the MMAs
+    // read, over the same bytes (columns whose f16 lands on fp8 bytes are all read into
+    // registers before any is written); the converting producer keeps FP8_PRODUCER_REGS
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FP8_PRODUCER_REGS));
+        const int* pt = page_table + (long)b * pt_st;
+        const int pmask = (1 << page_shift) - 1;
+        auto issue = [&](int j) {  // warp 0: tile j's TMA copies
+            const int s = j & 1, k0 = (t0 + j) * BN, rows = min(BN, L - k0);
+            const u32 dst = skv + s * STAGE_BYTES + FP8_OFFSET, bar = bars + 32 + 8 * s;
+            const int row0 = (pt[k0 >> page_shift] << page_shift) + (k0 & pmask);
+            if (tid == 0) mbar_expect_tx(bar, rows * DW);
+            __syncwarp();
+            if (rows == BN) {
+                if (tid < 3) tma_load(dst + tid * BOX8, &kvmap, tid * 192, row0, bar);
+            } else {
+                for (int r = tid; r < rows; r += 32)
+                    for (int x = 0; x < 3; ++x)
+                        tma_load(dst + x * BOX8 + r * 192, &kvmap1, x * 192, row0 + r, bar);
+            }
+        };
+        if (tid < 32) issue(0);
+        const int r = tid >> 1, h = tid & 1;  // my half of a row of each tile
+        for (int j = 0; j < n; ++j) {
+            const int s = j & 1, rows = min(BN, L - (t0 + j) * BN);
+            const u32 stage = skv + s * STAGE_BYTES, src = stage + FP8_OFFSET;
+            mbar_wait(bars + 32 + 8 * s, (j >> 1) & 1);
+            // columns 0..255 land in chunks 0..3 (below the fp8 bytes): converted as read;
+            // columns 256..575 land over them: all read first, then written
+            convert_fp8(src, stage, r, rows, h * 128, 8);
+            uint4 v[10];
+            load_fp8<10>(v, src, r, rows, 256 + h * 160);
+            named_sync(4, 128);  // every fp8 byte read before any f16 write over them
+            store_f16<10>(v, stage, r, 256 + h * 160);
+            fence_async_shared();
+            mbar_arrive(bars + 8 * s);
+            if (tid < 32 && j + 1 < n) {  // the next tile, once its stage is released
+                if (j + 1 >= 2) mbar_wait(bars + 16 + 8 * ((j + 1) & 1), (((j + 1) >> 1) - 1) & 1);
+                issue(j + 1);
+            }
+        }
+        // the empty "tile n", as below
+        if (n >= 2) mbar_wait(bars + 16 + 8 * (n & 1), ((n >> 1) - 1) & 1);
+        mbar_arrive(bars + 8 * (n & 1));
+        return;
+    }
+#else
     if (wg == 0) {  // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
         if (tid < 32) {
@@ -279,9 +400,15 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         }
         return;
     }
+#endif
 
     // consumers
+#ifndef FP8KV
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
+#else
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(FP8_CONSUMER_REGS));
+    c *= *kv_scale;  // logits of the dequantised rows
+#endif
     const int a = wg - 1, tw = tid - 128 * wg;
     const int warp = tw >> 5, lane = tw & 31, qr = lane >> 2, qc = lane & 3;
     const int rowA = 16 * warp + qr, rowB = rowA + 8;  // head rows of this thread (block-local)
@@ -291,8 +418,22 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         for (int i = t2; i < 64 * DW / 8; i += 256) {
             const int r = i / (DW / 8), ch = i % (DW / 8);
             const bool ok = r < hrows;  // rows past the heads: zeros (finite logits, unused)
+#if defined(FP8KV) && !defined(QF16)
+            // bf16 q rounded to f16, the MMAs' type (|q| < 65504 assumed)
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (ok) x = *(const uint4*)(qb + (long)r * q_sh + ch * 8);
+            const u32 w[4] = {x.x, x.y, x.z, x.w};
+            u32 f[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                f[k] = pack2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
+                         :: "r"(swz(sq + (ch >> 3) * CHUNK, r, ch & 7)), "r"(f[0]), "r"(f[1]),
+                            "r"(f[2]), "r"(f[3]) : "memory");
+#else
             cp_async16(swz(sq + (ch >> 3) * CHUNK, r, ch & 7), qb + (long)(ok ? r : 0) * q_sh + ch * 8,
                        ok ? 16 : 0);
+#endif
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
         fence_async_shared();
@@ -432,7 +573,12 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         fence_acc(acc);
     }
 
-    const float iA = 1.f / lA, iB = 1.f / lB;
+#ifdef FP8KV
+    const float ks = *kv_scale;  // o = kv_scale * softmax(...) @ rows
+#else
+    const float ks = 1.f;
+#endif
+    const float iA = ks / lA, iB = ks / lB;
     const int col0 = 256 * a + 2 * qc;
     if (num_splits == 1) {
         u16* oA = o + (long)b * o_st + (long)(h0 + rowA) * o_sh + col0;
@@ -440,12 +586,12 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         if (rowA < hrows) {
 #pragma unroll
             for (int i = 0; i < 32; ++i)
-                *(u32*)(oA + 8 * i) = pack2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+                *(u32*)(oA + 8 * i) = pack_out(acc[4 * i] * iA, acc[4 * i + 1] * iA);
         }
         if (rowB < hrows) {
 #pragma unroll
             for (int i = 0; i < 32; ++i)
-                *(u32*)(oB + 8 * i) = pack2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
+                *(u32*)(oB + 8 * i) = pack_out(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
         }
     } else {
         const long rA = (long)(b * H + h0 + rowA) * num_splits + split;
