@@ -156,13 +156,15 @@ class CudaMLADecodePlan:
                     for box in (BLOCK_N, 1)]
         S = self.num_splits
         po, plse = (self.partial_o, self.partial_lse) if S > 1 else (o, o)
-        ks = kv_scale if kv_scale is not None else self.seq_lens  # any pointer when unused
+        # (the fp8 build takes kv_scale's address after the page table and the cache's last)
+        fp8_scale = (c.c_uint64(kv_scale.data_ptr()),) if self.fp8 else ()
         args = (*maps, *(c.c_uint64(t.data_ptr()) for t in (q, o, po, plse, self.seq_lens,
-                                                             self.page_table, ks)),
-                c.c_float(self.scale * LOG2E), c.c_int(H), c.c_int(S),
+                                                             self.page_table)),
+                *fp8_scale, c.c_float(self.scale * LOG2E), c.c_int(H), c.c_int(S),
                 c.c_int(self.page_size.bit_length() - 1),
                 *(c.c_int64(s) for s in (q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-                                         self.page_table.stride(0))))
+                                         self.page_table.stride(0))),
+                *((c.c_uint64(kv_cache.data_ptr()),) if self.fp8 else ()))
         cuda_driver.launch(self._fn, B * -(-H // HEADS_PER_CTA) * S, THREADS, smem_bytes(),
                            q.device, args)
         if S > 1:

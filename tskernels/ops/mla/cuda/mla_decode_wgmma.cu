@@ -55,11 +55,18 @@
 #ifndef CONSUMER_REGS
 #define CONSUMER_REGS 232
 #endif
-#ifndef FP8_PRODUCER_REGS          // fp8 latents: the producer converts (128 + 2 x 192 = 512;
-#define FP8_PRODUCER_REGS 128      // fewer for the producer spill, ptxas -v)
+// fp8 latents: the producer converts, so it keeps more. setmaxnreg moves registers within the
+// CTA's allocation (168 x 384 at launch): what the consumers gain the producer must give,
+// P + 2 C <= 3 x 168 = 504, or the consumers' setmaxnreg.inc waits forever (it did, with
+// 128 + 2 x 192, in this kernel's first fp8 run)
+#ifndef FP8_PRODUCER_REGS
+#define FP8_PRODUCER_REGS 120      // (fewer spill, ptxas -v; the consumers need 192)
 #endif
 #ifndef FP8_CONSUMER_REGS
 #define FP8_CONSUMER_REGS 192
+#endif
+#if FP8_PRODUCER_REGS + 2 * FP8_CONSUMER_REGS > 504 || PRODUCER_REGS + 2 * CONSUMER_REGS > 504
+#error "setmaxnreg: the consumers would take more registers than the producer gives back"
 #endif
 
 #define NEG_INF __int_as_float(0xff800000u)
@@ -265,9 +272,14 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                         const u16* __restrict__ q, u16* __restrict__ o,
                         float* __restrict__ po, float* __restrict__ plse,
                         const int* __restrict__ seq_lens, const int* __restrict__ page_table,
+#ifdef FP8KV
                         const float* __restrict__ kv_scale, float c, int H, int num_splits,
-                        int page_shift, long q_st, long q_sh,
+                        int page_shift, long q_st, long q_sh, long o_st, long o_sh, long pt_st,
+                        const unsigned char* __restrict__ kv8) {
+#else
+                        float c, int H, int num_splits, int page_shift, long q_st, long q_sh,
                         long o_st, long o_sh, long pt_st) {
+#endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 base = (smem_addr(smem_raw) + 1023) & ~1023u;
@@ -323,8 +335,8 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
 #ifdef FP8KV
     // fp8 latents: the tile arrives as e4m3 in the stage's upper half (3 boxes of [64 rows x
     // 192 bytes]); the producer warpgroup converts it to f16 into the swizzled chunks the MMAs
-    // read, over the same bytes (columns whose f16 lands on fp8 bytes are all read into
-    // registers before any is written); the converting producer keeps FP8_PRODUCER_REGS
+    // read, over the same bytes (no f16 is written over e4m3 bytes not yet read by every
+    // producer thread); the converting producer keeps FP8_PRODUCER_REGS
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FP8_PRODUCER_REGS));
         const int* pt = page_table + (long)b * pt_st;
@@ -337,10 +349,15 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
             __syncwarp();
             if (rows == BN) {
                 if (tid < 3) tma_load(dst + tid * BOX8, &kvmap, tid * 192, row0, bar);
-            } else {
+            } else {  // a partial tile: each row as 3 bulk copies of 192 bytes (a 1-row TMA box
+                      // would land 64-byte aligned; bulk copies need 16)
                 for (int r = tid; r < rows; r += 32)
                     for (int x = 0; x < 3; ++x)
-                        tma_load(dst + x * BOX8 + r * 192, &kvmap1, x * 192, row0 + r, bar);
+                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                     " [%0], [%1], 192, [%2];\n"
+                                     :: "r"(dst + x * BOX8 + r * 192),
+                                        "l"(kv8 + (long)(row0 + r) * DW + x * 192), "r"(bar)
+                                     : "memory");
             }
         };
         if (tid < 32) issue(0);
@@ -349,13 +366,18 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
             const int s = j & 1, rows = min(BN, L - (t0 + j) * BN);
             const u32 stage = skv + s * STAGE_BYTES, src = stage + FP8_OFFSET;
             mbar_wait(bars + 32 + 8 * s, (j >> 1) & 1);
-            // columns 0..255 land in chunks 0..3 (below the fp8 bytes): converted as read;
-            // columns 256..575 land over them: all read first, then written
+            // f16 chunk k takes bytes [8k, 8k + 8) KB of the stage, the e4m3 boxes [36, 48),
+            // [48, 60), [60, 72) KB: columns 0..255 (chunks 0..3) land below every box and
+            // are converted as read; 256..383 (chunks 4, 5, from box 1) land on box 0, free
+            // once everyone's first pass is done; 384..575 (chunks 6..8, box 2) land on boxes
+            // 1 and 2, so they are read into registers first and written last
             convert_fp8(src, stage, r, rows, h * 128, 8);
-            uint4 v[10];
-            load_fp8<10>(v, src, r, rows, 256 + h * 160);
-            named_sync(4, 128);  // every fp8 byte read before any f16 write over them
-            store_f16<10>(v, stage, r, 256 + h * 160);
+            uint4 v[6];
+            load_fp8<6>(v, src, r, rows, 384 + h * 96);
+            named_sync(4, 128);  // box 0 read by everyone
+            convert_fp8(src, stage, r, rows, 256 + h * 64, 4);
+            named_sync(4, 128);  // boxes 1 and 2 read by everyone
+            store_f16<6>(v, stage, r, 384 + h * 96);
             fence_async_shared();
             mbar_arrive(bars + 8 * s);
             if (tid < 32 && j + 1 < n) {  // the next tile, once its stage is released
