@@ -1,7 +1,7 @@
 """CUDA absorbed-MLA decode (mla.decode.cuda: tskernels/ops/mla/cuda/mla_decode_wgmma.cu, wgmma +
 TMA, sm_90a) vs tskernels_ref.mla on the GPU: ragged lengths (0, 1, on / off tile and page
 boundaries), pages of 64-256 rows, permuted page tables with NaN in every unused row, 1-192
-heads (64-head blocks, a partial last one), bf16 / fp16 q, 16-bit or fp8 latents, forced split counts (empty splits included), strided q / out, NaN-poisoned
+heads (64-head blocks, a partial last one), bf16 / fp16 q, forced split counts (empty splits included), strided q / out, NaN-poisoned
 outputs; CUDA-graph replay with new data; clear errors. GPU only (pytest -m gpu)."""
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ def problem(draw):
                 page_size=draw(st.sampled_from([64, 128, 256])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
                 splits=draw(st.sampled_from([None, 1, 2, 3, 7, 40])),
-                fp8=draw(st.booleans()),
                 strided=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
 
 
@@ -82,14 +81,32 @@ def test_cuda_mla_decode_matches_reference(shard):
 
 
 @pytest.mark.parametrize("splits", [1, 2, 5, 64])
-@pytest.mark.parametrize("fp8", [False, True])
-def test_cuda_mla_decode_edges(splits, fp8):
+def test_cuda_mla_decode_edges(splits):
     """Lengths around tile (64) and page boundaries, an empty request, more splits than
     tiles (empty splits write o = 0 / lse = -inf)."""
     for page in (64, 256):
         _run(dict(lens=[0, 1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 2049], heads=128,
                   page_size=page, dtype=torch.bfloat16, splits=splits, strided=False,
-                  fp8=fp8, seed=splits * 7 + page))
+                  seed=splits * 7 + page))
+
+
+@pytest.mark.skip(reason="fp8 latents (-DFP8KV build): the first GPU run (session 7) deadlocked "
+                         "in setmaxnreg.inc (the consumers asked for more registers than the "
+                         "producer released); fixed since, not run again: compile-checked only "
+                         "and not registered. Run this test first next time.")
+@pytest.mark.parametrize("splits", [1, 3])
+def test_cuda_mla_decode_fp8_latents(splits):
+    """Full and partial tiles, 16 / 128 heads, bf16 / fp16 q against the dequantised rows."""
+    for lens, heads, dtype in (([256, 128], 16, torch.bfloat16),
+                               ([1000, 64, 0, 1, 77], 128, torch.bfloat16),
+                               ([1000, 65, 3], 16, torch.float16)):
+        c = dict(lens=lens, heads=heads, page_size=64, dtype=dtype, splits=splits,
+                 strided=False, fp8=True, seed=splits)
+        kv, cache, q, scale = _make(c)
+        plan = CudaMLADecodePlan(kv.page_table, kv.seq_lens, num_heads=heads, kv_lora_rank=512,
+                                 rope_dim=64, page_size=64, scale=SCALE, num_splits=splits,
+                                 kv_dtype=FP8, q_dtype=dtype, unverified_fp8=True)
+        _check(plan.run(q, cache, kv_scale=scale), q, cache, kv, scale)
 
 
 def test_cuda_mla_decode_large_logits():
@@ -144,12 +161,12 @@ def test_cuda_mla_decode_named_and_rejections():
     with pytest.raises(ValueError, match="kv_scale is required"):
         plan.run(q, cache, kv_scale=torch.ones(1, device="cuda"))
     f8 = cache.float().nan_to_num(0).to(FP8)
-    p8 = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=f8, scale=SCALE,
-                         q_dtype=q.dtype, backend="cuda")
-    with pytest.raises(ValueError, match="kv_scale is required"):
-        p8.run(q, f8)
-    with pytest.raises(ValueError, match="kv_cache must be"):
-        p8.run(q, cache, kv_scale=torch.ones(1, device="cuda"))
+    with pytest.raises(SelectionError, match="kv"):  # fp8 latents: not offered (unverified)
+        mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=f8, scale=SCALE,
+                        q_dtype=q.dtype, backend="cuda")
+    with pytest.raises(ValueError, match="not run-verified"):
+        CudaMLADecodePlan(kv.page_table, kv.seq_lens, num_heads=64, kv_lora_rank=512,
+                          rope_dim=64, page_size=64, scale=SCALE, kv_dtype=FP8)
     with pytest.raises(ValueError, match="out must be"):
         plan.run(q, cache, out=torch.empty(2, 64, 512, device="cuda"))
     small = paged_kv([10], 16, 1, 576, device="cuda").k_cache[:, :, 0].contiguous()

@@ -116,7 +116,7 @@ def test_cuda_mla_decode_registration_and_plan_checks():
     assert spec.band == "specialized"
     assert (spec.capability.min_sm, spec.capability.max_sm) == (90, 90)
     assert spec.verification.compiled == frozenset({"sm_90"})
-    assert set(spec.formats["kv"]) == {"bf16", "fp16", "fp8_e4m3:per_tensor"}
+    assert set(spec.formats["kv"]) == {"bf16", "fp16"}  # fp8: compile-checked, not offered
     t = spec.traits
     assert t["num_heads"](16) and t["num_heads"](128) and not t["num_heads"](0)
     # auto-selected only where measured faster than the Triton kernel (16 heads and more)
@@ -137,6 +137,7 @@ def test_cuda_mla_decode_registration_and_plan_checks():
                           ({"page_size": 16}, "page size"), ({"rope_dim": 32}, "rope 64 only"),
                           ({"q_dtype": torch.float32}, "bf16 or fp16"),
                           ({"kv_dtype": torch.float32}, "same dtype"),
+                          ({"kv_dtype": torch.float8_e4m3fn}, "not run-verified"),
                           ({}, "CUDA device")):
         with pytest.raises(ValueError, match=match):
             cuda_decode.CudaMLADecodePlan(pt, lens, **{**ok, **change})
