@@ -70,41 +70,51 @@ PREFILL_CONFIGS = [(128, 3, False, False), (128, 3, True, False), (128, 2, False
                    (64, 4, False, True), (128, 2, False, True)]
 
 
+def _build_sm90a(src, opts, tmp: Path) -> tuple[str, dict]:
+    """nvcc PTX and cubin (ptxas -v) of one config: the PTX text and what ptxas reported."""
+    ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", str(src), "-o",
+                          str(tmp / "k.ptx")], capture_output=True, text=True)
+    assert ptx.returncode == 0, ptx.stderr[-3000:]
+    cub = subprocess.run([NVCC, *opts, "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
+                          "-Xptxas", "-v", str(src), "-o", str(tmp / "k.cubin")],
+                         capture_output=True, text=True)
+    assert cub.returncode == 0, cub.stderr[-3000:]
+    regs = re.search(r"Used (\d+) registers", cub.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
+    # ptxas reports serialised warpgroup MMAs as "Potential Performance Loss"
+    return (tmp / "k.ptx").read_text(), dict(
+        target="sm_90a", registers=int(regs.group(1)) if regs else None,
+        spill_bytes=int(spill.group(1)) if spill else 0,
+        serialized="Potential Performance Loss" in cub.stderr, log=cub.stderr[-2000:])
+
+
+def _record(kernel: str, rows: list[dict]) -> None:
+    OUT.parent.mkdir(exist_ok=True)
+    old = json.loads(OUT.read_text()) if OUT.exists() else []
+    OUT.write_text(json.dumps([r for r in old if r.get("kernel") != kernel] +
+                              [{k: v for k, v in r.items() if k != "log"} for r in rows],
+                              indent=1))
+
+
 def test_cuda_prefill_compiles(tmp_path):
     """The wgmma prefill builds for sm_90a (its only target: wgmma and setmaxnreg need the
     arch-specific feature set) with the warpgroup MMAs and TMA copies in its PTX, no spills
-    and no serialised MMAs (ptxas reports those as "Potential Performance Loss")."""
+    and no serialised MMAs."""
     for name in ("attention.extend.cuda", "attention.extend.cuda_paged"):
         spec = next(k for k in tskernels.kernels() if k.name == name)
         assert spec.verification.compiled == frozenset({"sm_90"})
     rows = []
     for bn, stages, fp16, paged in PREFILL_CONFIGS:
-        opts = cuda_extend.nvcc_options(fp16, stages, bn, paged=paged)
-        src = str(cuda_extend.SOURCE)
-        ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", src, "-o",
-                              str(tmp_path / "p.ptx")], capture_output=True, text=True)
-        assert ptx.returncode == 0, ptx.stderr[-3000:]
-        cub = subprocess.run([NVCC, *opts, "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
-                              "-Xptxas", "-v", src, "-o", str(tmp_path / "p.cubin")],
-                             capture_output=True, text=True)
-        assert cub.returncode == 0, cub.stderr[-3000:]
-        text = (tmp_path / "p.ptx").read_text()
-        regs = re.search(r"Used (\d+) registers", cub.stderr)
-        spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
-        rows.append(dict(target="sm_90a", kernel="prefill_wgmma", block_n=bn, stages=stages,
-                         fp16=fp16, paged=paged, registers=int(regs.group(1)) if regs else None,
-                         spill_bytes=int(spill.group(1)) if spill else 0,
-                         wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)),
-                         serialized="Potential Performance Loss" in cub.stderr))
-        r = rows[-1]
+        text, r = _build_sm90a(cuda_extend.SOURCE,
+                               cuda_extend.nvcc_options(fp16, stages, bn, paged=paged), tmp_path)
+        r.update(kernel="prefill_wgmma", block_n=bn, stages=stages, fp16=fp16, paged=paged,
+                 wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)))
+        rows.append(r)
         assert r["wgmma"] and r["tma"], r
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
-        assert not r["serialized"], cub.stderr[-2000:]
+        assert not r["serialized"], r["log"]
         assert cuda_extend.smem_bytes(stages, bn) <= 232448, r
-    OUT.parent.mkdir(exist_ok=True)
-    old = json.loads(OUT.read_text()) if OUT.exists() else []
-    OUT.write_text(json.dumps([r for r in old if r.get("kernel") != "prefill_wgmma"] + rows,
-                              indent=1))
+    _record("prefill_wgmma", rows)
 
 
 def test_cuda_mla_decode_compiles(tmp_path):
@@ -118,30 +128,13 @@ def test_cuda_mla_decode_compiles(tmp_path):
     assert cuda_decode.smem_bytes() <= 232448
     rows = []
     for fp16, fp8 in ((False, False), (True, False), (False, True), (True, True)):
-        opts = cuda_decode.nvcc_options(fp16, fp8=fp8)
-        src = str(cuda_decode.SOURCE)
-        ptx = subprocess.run([NVCC, *opts, "-arch=compute_90a", "-ptx", src, "-o",
-                              str(tmp_path / "m.ptx")], capture_output=True, text=True)
-        assert ptx.returncode == 0, ptx.stderr[-3000:]
-        cub = subprocess.run([NVCC, *opts, "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
-                              "-Xptxas", "-v", src, "-o", str(tmp_path / "m.cubin")],
-                             capture_output=True, text=True)
-        assert cub.returncode == 0, cub.stderr[-3000:]
-        text = (tmp_path / "m.ptx").read_text()
-        regs = re.search(r"Used (\d+) registers", cub.stderr)
-        spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
-        rows.append(dict(target="sm_90a", kernel="mla_decode_wgmma", fp16=fp16, fp8=fp8,
-                         registers=int(regs.group(1)) if regs else None,
-                         spill_bytes=int(spill.group(1)) if spill else 0,
-                         shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)",
-                                                      text))),
-                         tma=bool(TMA.search(text)),
-                         serialized="Potential Performance Loss" in cub.stderr))
-        r = rows[-1]
+        text, r = _build_sm90a(cuda_decode.SOURCE, cuda_decode.nvcc_options(fp16, fp8=fp8),
+                               tmp_path)
+        shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", text)
+        r.update(kernel="mla_decode_wgmma", fp16=fp16, fp8=fp8, shapes=sorted(set(shapes)),
+                 tma=bool(TMA.search(text)))
+        rows.append(r)
         assert r["shapes"] == ["m64n256k16", "m64n64k16"] and r["tma"], r
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
-        assert not r["serialized"], cub.stderr[-2000:]
-    OUT.parent.mkdir(exist_ok=True)
-    old = json.loads(OUT.read_text()) if OUT.exists() else []
-    OUT.write_text(json.dumps([r for r in old if r.get("kernel") != "mla_decode_wgmma"] + rows,
-                              indent=1))
+        assert not r["serialized"], r["log"]
+    _record("mla_decode_wgmma", rows)

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from pathlib import Path
 
 import torch
+
+# the kernels' shared header (hopper_common.cuh): nvcc gets its directory as an include path;
+# NVRTC gets the same option and, so that nothing depends on the file system or on option
+# parsing, the header's text as a named header of the program
+INCLUDE_DIR = Path(__file__).with_name("cuda_include")
+INCLUDE = f"--include-path={INCLUDE_DIR}"
 
 _lock = threading.Lock()
 _modules: dict[tuple, tuple] = {}
@@ -38,7 +45,10 @@ def nvrtc_cubin(source: str, name: str, options: tuple[str, ...], arch: str) -> 
             raise RuntimeError(f"NVRTC {what} failed: {err}")
         return res[1:] if isinstance(res, tuple) else None
 
-    prog, = ok(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
+    headers = sorted(INCLUDE_DIR.glob("*.cuh"))
+    prog, = ok(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), len(headers),
+                                        [h.read_bytes() for h in headers],
+                                        [h.name.encode() for h in headers]), "create")
     opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
     res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:

@@ -47,7 +47,7 @@ def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
 
 def nvcc_options(fp16: bool, stages: int = STAGES, block_n: int = BLOCK_N,
                  extra: tuple[str, ...] = (), paged: bool = False) -> tuple[str, ...]:
-    return ("-std=c++17", f"-DSTAGES={stages}", f"-DBN={block_n}",
+    return ("-std=c++17", cuda_driver.INCLUDE, f"-DSTAGES={stages}", f"-DBN={block_n}",
             *(("-DFP16",) if fp16 else ()), *(("-DPAGED",) if paged else ()), *extra)
 
 

@@ -51,8 +51,9 @@ def smem_bytes() -> int:
 def nvcc_options(fp16: bool, extra: tuple[str, ...] = (), fp8: bool = False) -> tuple[str, ...]:
     """fp16: q (and a 16-bit cache) fp16; fp8: an fp8-e4m3 latent cache (the MMAs in f16)."""
     if fp8:
-        return ("-std=c++17", "-DFP8KV", *(("-DQF16",) if fp16 else ()), *extra)
-    return ("-std=c++17", *(("-DFP16",) if fp16 else ()), *extra)
+        return ("-std=c++17", cuda_driver.INCLUDE, "-DFP8KV", *(("-DQF16",) if fp16 else ()),
+                *extra)
+    return ("-std=c++17", cuda_driver.INCLUDE, *(("-DFP16",) if fp16 else ()), *extra)
 
 
 def default_splits(batch: int, num_heads: int, max_seq_len: int, sms: int) -> int:

@@ -69,150 +69,25 @@
 #error "setmaxnreg: the consumers would take more registers than the producer gives back"
 #endif
 
-#define NEG_INF __int_as_float(0xff800000u)
+#include "hopper_common.cuh"
 
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned long long u64;
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-// 16-byte chunk `ch` (0..7) of row `r` of a 128-byte-row tile, 128-byte swizzle
-__device__ __forceinline__ u32 swz(u32 base, int r, int ch) {
-    return base + r * 128 + ((ch ^ (r & 7)) << 4);
-}
-// 16 bytes, or zeros when nbytes is 0
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int nbytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(nbytes) : "memory");
-}
-__device__ __forceinline__ void fence_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_init(u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n"
-                 :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(bar), "r"(bytes) : "memory");
-}
-// the spin loop inside one asm block with uniform branches (a C++ loop or condition, or a
-// plain predicated branch, between asynchronous MMAs makes ptxas serialise them)
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra.uni DONE_%=;\nbra.uni WAIT_%=;\nDONE_%=:\n}\n"
-                 :: "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
-}
-__device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
-__device__ __forceinline__ void reg_fence(u32& x) { asm volatile("" : "+r"(x) :: "memory"); }
-// shared-memory matrix descriptor, 128-byte swizzle
-__device__ __forceinline__ u64 desc(u32 addr, u32 lbo, u32 sbo) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
-           (1ull << 62);
-}
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 d;
-    asm(CVT_PACK " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
 __device__ __forceinline__ u32 pack_out(float lo, float hi) {
     u32 d;
     asm(CVT_OUT " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
 }
-__device__ __forceinline__ float quad_reduce_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_reduce_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
-// ---- wgmma wrappers (operand lists written out by a script) ----
-// S (+)= Q (smem, K-major) * K^T (smem, K-major): [64 x 16] x [16 x 64]
-__device__ __forceinline__ void wgmma_s(float* d, u64 da, u64 db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(accumulate));
-}
-// O += P (registers) * V (smem, MN-major): [64 x 16] x [16 x 256]
-__device__ __forceinline__ void wgmma_pv_rs(float* d, const u32* a, u64 db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." DT "." DT " "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-// O += P (smem, K-major) * V (smem, MN-major): [64 x 16] x [16 x 256]
-__device__ __forceinline__ void wgmma_pv_ss(float* d, u64 da, u64 db, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." DT "." DT " "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(accumulate));
-}
-
-struct __align__(64) TensorMap { u64 bytes[16]; };
-
-__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row,
-                                         u32 bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bar) : "memory");
-}
 
 // S = Q K^T over the 9 column chunks of the Q block and of a stage's tile
 __device__ __forceinline__ void issue_s(float* s, u32 sq, u32 sk) {
 #pragma unroll
     for (int i = 0; i < 4 * NCH; ++i)
-        wgmma_s(s, desc(sq + (i >> 2) * CHUNK + (i & 3) * 32, 16, 1024),
+        wgmma_ss_m64n64_k(s, desc(sq + (i >> 2) * CHUNK + (i & 3) * 32, 16, 1024),
                 desc(sk + (i >> 2) * CHUNK + (i & 3) * 32, 16, 1024), i > 0);
 }
 __device__ __forceinline__ void fence_acc(float* acc) {
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
-}
-__device__ __forceinline__ void rescale(float* acc, float aA, float aB) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        acc[4 * i] *= aA;
-        acc[4 * i + 1] *= aA;
-        acc[4 * i + 2] *= aB;
-        acc[4 * i + 3] *= aB;
-    }
 }
 
 #ifdef FP8KV
@@ -308,7 +183,8 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                 *(float2*)(po + ((long)(b * H + h0 + r) * num_splits + split) * DC + col) =
                     make_float2(0.f, 0.f);
         }
-        if (num_splits > 1 && tid < hrows) plse[(long)(b * H + h0 + tid) * num_splits + split] = NEG_INF;
+        if (num_splits > 1 && tid < hrows)
+            plse[(long)(b * H + h0 + tid) * num_splits + split] = NEG_INF;
         return;
     }
 
@@ -353,8 +229,8 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                       // would land 64-byte aligned; bulk copies need 16)
                 for (int r = tid; r < rows; r += 32)
                     for (int x = 0; x < 3; ++x)
-                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                                     " [%0], [%1], 192, [%2];\n"
+                        asm volatile("cp.async.bulk.shared::cluster.global"
+                                     ".mbarrier::complete_tx::bytes [%0], [%1], 192, [%2];\n"
                                      :: "r"(dst + x * BOX8 + r * 192),
                                         "l"(kv8 + (long)(row0 + r) * DW + x * 192), "r"(bar)
                                      : "memory");
@@ -365,7 +241,7 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         for (int j = 0; j < n; ++j) {
             const int s = j & 1, rows = min(BN, L - (t0 + j) * BN);
             const u32 stage = skv + s * STAGE_BYTES, src = stage + FP8_OFFSET;
-            mbar_wait(bars + 32 + 8 * s, (j >> 1) & 1);
+            mbar_wait_uniform(bars + 32 + 8 * s, (j >> 1) & 1);
             // f16 chunk k takes bytes [8k, 8k + 8) KB of the stage, the e4m3 boxes [36, 48),
             // [48, 60), [60, 72) KB: columns 0..255 (chunks 0..3) land below every box and
             // are converted as read; 256..383 (chunks 4, 5, from box 1) land on box 0, free
@@ -381,12 +257,13 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
             fence_async_shared();
             mbar_arrive(bars + 8 * s);
             if (tid < 32 && j + 1 < n) {  // the next tile, once its stage is released
-                if (j + 1 >= 2) mbar_wait(bars + 16 + 8 * ((j + 1) & 1), (((j + 1) >> 1) - 1) & 1);
+                if (j + 1 >= 2)
+                    mbar_wait_uniform(bars + 16 + 8 * ((j + 1) & 1), (((j + 1) >> 1) - 1) & 1);
                 issue(j + 1);
             }
         }
         // the empty "tile n", as below
-        if (n >= 2) mbar_wait(bars + 16 + 8 * (n & 1), ((n >> 1) - 1) & 1);
+        if (n >= 2) mbar_wait_uniform(bars + 16 + 8 * (n & 1), ((n >> 1) - 1) & 1);
         mbar_arrive(bars + 8 * (n & 1));
         return;
     }
@@ -400,7 +277,7 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
             // whose last iteration has no tile of its own waits on it like on any other
             for (int j = 0; j <= n; ++j) {
                 const int s = j & 1;
-                if (j >= 2) mbar_wait(bars + 16 + 8 * s, ((j >> 1) - 1) & 1);
+                if (j >= 2) mbar_wait_uniform(bars + 16 + 8 * s, ((j >> 1) - 1) & 1);
                 const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
                 if (j == n) {
                     if (tid == 0) mbar_arrive(full);
@@ -453,8 +330,8 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                          :: "r"(swz(sq + (ch >> 3) * CHUNK, r, ch & 7)), "r"(f[0]), "r"(f[1]),
                             "r"(f[2]), "r"(f[3]) : "memory");
 #else
-            cp_async16(swz(sq + (ch >> 3) * CHUNK, r, ch & 7), qb + (long)(ok ? r : 0) * q_sh + ch * 8,
-                       ok ? 16 : 0);
+            cp_async16(swz(sq + (ch >> 3) * CHUNK, r, ch & 7),
+                       qb + (long)(ok ? r : 0) * q_sh + ch * 8, ok ? 16 : 0);
 #endif
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
@@ -493,19 +370,19 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                 mA = st_m[rowA];
                 mB = st_m[rowB];
             }
-            rescale(acc, aA, aB);
+            rescale_rows<32>(acc, aA, aB);
             fence_acc(acc);
         }
         const u32 svb = skv + ((jb + 2) & 1) * STAGE_BYTES + 4 * a * CHUNK;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            wgmma_pv_ss(acc, desc(sp + kk * 32, 16, 1024), desc(svb + kk * 16 * 128, CHUNK, 1024),
-                        1);
+            wgmma_ss_m64n256_t(acc, desc(sp + kk * 32, 16, 1024),
+                               desc(svb + kk * 16 * 128, CHUNK, 1024), 1);
         wgmma_commit();
         // ---- my tile ja: S = Q K^T, softmax, publish P, O += P V ----
         const u32 sta = skv + (ja & 1) * STAGE_BYTES;
-        mbar_wait(bars + 8 * (ja & 1), (ja >> 1) & 1);  // (tile n: an empty one)
+        mbar_wait_uniform(bars + 8 * (ja & 1), (ja >> 1) & 1);  // (tile n: an empty one)
         wgmma_fence();
         issue_s(s, sq, sta);
         wgmma_commit();
@@ -526,14 +403,10 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                             s[4 * i + 2 + e] = NEG_INF;
                         }
             }
-            float xA = NEG_INF, xB = NEG_INF;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                xA = fmaxf(xA, fmaxf(s[4 * i], s[4 * i + 1]));
-                xB = fmaxf(xB, fmaxf(s[4 * i + 2], s[4 * i + 3]));
-            }
-            const float nA = fmaxf(mA, quad_reduce_max(xA) * c);
-            const float nB = fmaxf(mB, quad_reduce_max(xB) * c);
+            float xA, xB;
+            row_max2<8>(s, xA, xB);
+            const float nA = fmaxf(mA, quad_max(xA) * c);
+            const float nB = fmaxf(mB, quad_max(xB) * c);
             // (nA = -inf only before any key, where acc is still 0 either way)
             const float zA = nA == NEG_INF ? 0.f : nA, zB = nB == NEG_INF ? 0.f : nB;
             const float aA = ex2(mA - zA), aB = ex2(mB - zB);
@@ -549,8 +422,8 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                 p[2 * i] = pack2(s[4 * i], s[4 * i + 1]);
                 p[2 * i + 1] = pack2(s[4 * i + 2], s[4 * i + 3]);
             }
-            sumA = quad_reduce_sum(sumA);
-            sumB = quad_reduce_sum(sumB);
+            sumA = quad_sum(sumA);
+            sumB = quad_sum(sumB);
             lA = fmaf(lA, aA, sumA);
             lB = fmaf(lB, aB, sumB);
             mA = nA;
@@ -577,7 +450,7 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
                 fence_async_shared();
                 named_arrive(SIG_MINE, 256);
             }
-            rescale(acc, aA, aB);
+            rescale_rows<32>(acc, aA, aB);
         }
         fence_acc(acc);
 #pragma unroll
@@ -586,7 +459,7 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            wgmma_pv_rs(acc, p + 4 * kk, desc(sva + kk * 16 * 128, CHUNK, 1024));
+            wgmma_rs_m64n256_t(acc, p + 4 * kk, desc(sva + kk * 16 * 128, CHUNK, 1024));
         wgmma_commit();
         // (waiting here rather than at the next iteration's top: the same schedule, since that
         // starts by needing this P V's stage released; a wait across the loop's exit makes
