@@ -125,7 +125,7 @@ def test_cuda_mla_decode_compiles(tmp_path):
     from tskernels.ops.mla import cuda_decode
     spec = next(k for k in tskernels.kernels() if k.name == "mla.decode.cuda")
     assert spec.verification.compiled == frozenset({"sm_90"})
-    assert cuda_decode.smem_bytes() <= 232448
+    assert cuda_decode.smem_bytes() <= 232448 and cuda_decode.smem_bytes(fp8=True) <= 232448
     rows = []
     for fp16, fp8 in ((False, False), (True, False), (False, True), (True, True)):
         text, r = _build_sm90a(cuda_decode.SOURCE, cuda_decode.nvcc_options(fp16, fp8=fp8),

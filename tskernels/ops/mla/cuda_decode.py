@@ -41,11 +41,12 @@ PAGE_SIZES = (64, 128, 256)
 MAX_HEADS = 1024
 
 
-def smem_bytes() -> int:
+def smem_bytes(fp8: bool = False) -> int:
     """Q block and a 2-stage tile ring (9 chunks of [64 x 64] 16-bit each), the P buffer, the
-    softmax exchange (3 x 64 floats), 4 mbarriers, 1 KB for 1024-byte alignment."""
+    softmax exchange (3 x 64 floats), 4 mbarriers (6 in the fp8 build), 1 KB for 1024-byte
+    alignment (the source's SMEM_BYTES)."""
     chunk = 64 * 128
-    return 3 * 9 * chunk + chunk + 3 * 64 * 4 + 32 + 1024
+    return 3 * 9 * chunk + chunk + 3 * 64 * 4 + (48 if fp8 else 32) + 1024
 
 
 def nvcc_options(fp16: bool, extra: tuple[str, ...] = (), fp8: bool = False) -> tuple[str, ...]:
@@ -119,7 +120,7 @@ class CudaMLADecodePlan:
         self._fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL,
                                               nvcc_options(q_dtype == torch.float16, extra,
                                                            self.fp8),
-                                              smem_bytes(), "CUDA MLA decode")
+                                              smem_bytes(self.fp8), "CUDA MLA decode")
 
     def run(self, q, kv_cache, *, kv_scale=None, out=None):
         """q [B, H, 576] -> o [B, H, 512] (into `out` when given)."""
@@ -172,7 +173,8 @@ class CudaMLADecodePlan:
                 *(c.c_int64(s) for s in (q.stride(0), q.stride(1), o.stride(0), o.stride(1),
                                          self.page_table.stride(0))),
                 *((c.c_uint64(kv_cache.data_ptr()),) if self.fp8 else ()))
-        cuda_driver.launch(self._fn, B * -(-H // HEADS_PER_CTA) * S, THREADS, smem_bytes(),
+        cuda_driver.launch(self._fn, B * -(-H // HEADS_PER_CTA) * S, THREADS,
+                           smem_bytes(self.fp8),
                            q.device, args)
         if S > 1:
             _merge_kernel[(H, B)](
