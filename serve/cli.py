@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-model-len", type=int, help="context length: prompt + completion tokens")
     e.add_argument("--max-num-seqs", type=int, help="most requests in one running batch")
     e.add_argument("--chunked-prefill-size", type=int, help="token budget per step (prefill chunks + decodes)")
-    e.add_argument("--page-size", type=int, help="tokens per KV page")
+    e.add_argument("--page-size", type=int,
+                   help="tokens per KV page (default: 64 for MLA models on a GPU, else 16)")
     e.add_argument("--num-kv-pages", type=int, help="KV pool size in pages (instead of a memory fraction)")
     e.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"])
     e.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory for weights + KV")

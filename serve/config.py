@@ -27,7 +27,8 @@ class EngineArgs:
     max_model_len: int | None = None
     max_num_seqs: int = 256
     chunked_prefill_size: int | None = None  # per-step token budget (decodes + prefill chunks)
-    page_size: int = 16
+    page_size: int | None = None  # None: 64 for MLA models on a GPU (the CUDA MLA decode's),
+                                  # else 16
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.85
     enable_prefix_caching: bool = True
@@ -47,7 +48,7 @@ class EngineArgs:
                 bad(name, "a positive int or None")
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             bad("max_num_seqs", "a positive int")
-        if self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        if self.page_size is not None and self.page_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             bad("page_size", "a power of two in 1..256")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             bad("kv_cache_dtype", f"one of {KV_CACHE_DTYPES}")
@@ -65,6 +66,13 @@ class EngineArgs:
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(names)}")
         return cls(**kwargs)
+
+
+def default_page_size(hf_cfg, device) -> int:
+    """KV page size when the user gave none: 64-row pages for MLA latent caches on a GPU (the
+    page size the CUDA MLA decode reads; mla.decode.cuda takes 64 / 128 / 256), else 16."""
+    mla = getattr(hf_cfg, "kv_lora_rank", None) is not None
+    return 64 if mla and torch.device(device).type == "cuda" else 16
 
 
 def _llama(hidden, inter, layers, heads, kv_heads, vocab, **kw):

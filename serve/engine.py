@@ -9,18 +9,19 @@ returns a RequestOutput for every request that produced a token or finished.
 """
 from __future__ import annotations
 
+
 import itertools
 import logging
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 import scheduler
 
-from .config import DTYPES, EngineArgs, eos_token_ids, load_model_config
+from .config import DTYPES, EngineArgs, default_page_size, eos_token_ids, load_model_config
 from .model_runner import ModelRunner, SampleRequest
 from .models import model_class
 from .sampling_params import GenerateOutput, RequestOutput, SamplingParams
@@ -58,6 +59,9 @@ class Engine:
         self.device = _device(args.device)
         hf_cfg, ckpt = load_model_config(model)
         self.hf_config = hf_cfg
+        if args.page_size is None:
+            args = replace(args, page_size=default_page_size(hf_cfg, self.device))
+            self.args = args
         self.model_name = self._name(model, ckpt)
         if args.dtype != "auto":
             self.dtype = DTYPES[args.dtype]
