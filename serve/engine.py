@@ -9,7 +9,6 @@ returns a RequestOutput for every request that produced a token or finished.
 """
 from __future__ import annotations
 
-
 import itertools
 import logging
 import random

@@ -1,8 +1,9 @@
 """CUDA absorbed-MLA decode (mla.decode.cuda: tskernels/ops/mla/cuda/mla_decode_wgmma.cu, wgmma +
 TMA, sm_90a) vs tskernels_ref.mla on the GPU: ragged lengths (0, 1, on / off tile and page
 boundaries), pages of 64-256 rows, permuted page tables with NaN in every unused row, 1-192
-heads (64-head blocks, a partial last one), bf16 / fp16 q, forced split counts (empty splits included), strided q / out, NaN-poisoned
-outputs; CUDA-graph replay with new data; clear errors. GPU only (pytest -m gpu)."""
+heads (64-head blocks, a partial last one), bf16 / fp16 q, forced split counts (empty splits
+included), strided q / out, NaN-poisoned outputs; CUDA-graph replay with new data; clear
+errors. GPU only (pytest -m gpu)."""
 from __future__ import annotations
 
 import pytest
@@ -11,11 +12,17 @@ from hypothesis import strategies as st
 
 import tskernels.ops.mla as mla
 import tskernels_ref.mla as ref
-from tskernels.numerics import assert_close
 from tskernels.ops.mla.cuda_decode import CudaMLADecodePlan
 from tskernels.registry import SelectionError
 from tskernels.testing import strategies as tst
 from tskernels.testing.problems import paged_kv
+
+try:  # tests/kernels as a package or as a plain directory on sys.path
+    from .test_mla import _check as _check_mla
+    from .test_mla import _latent
+except ImportError:
+    from test_mla import _check as _check_mla
+    from test_mla import _latent
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu,
@@ -37,25 +44,15 @@ def problem(draw):
 def _make(c):
     """Pages with NaN in every unused row (fp8: quantised with a per-tensor scale, NaN kept)."""
     gen = torch.Generator().manual_seed(c["seed"])
-    kv = paged_kv(c["lens"], c["page_size"], 1, 576, dtype=c["dtype"], device="cuda", gen=gen)
-    cache, scale = kv.k_cache[:, :, 0].contiguous(), None
-    if c.get("fp8"):
-        scale = (cache.float().nan_to_num(0).abs().amax() / 448.0).reshape(1)
-        cache = (cache.float() / scale).to(FP8)
+    kv, cache, scale = _latent(dict(c, fp8=c.get("fp8", False)), "cuda", gen)
     B, H = len(c["lens"]), c["heads"]
     q = torch.randn(B, H + (1 if c["strided"] else 0), 576, generator=gen)
     return kv, cache, q.to("cuda", c["dtype"])[:, :H], scale
 
 
 def _check(o, q, cache, kv, scale=None):
-    """Against float64 math on the same (dequantised) rows; an fp8 cache is exact in float."""
-    c64 = cache.cpu() if cache.dtype == FP8 else cache.cpu().double()
-    s = scale.cpu() if scale is not None else None
-    truth = ref.decode(q.cpu().double(), c64, kv.page_table.cpu(), kv.seq_lens.cpu(),
-                       scale=SCALE, kv_scale=s)
-    same = ref.decode(q.cpu(), cache.cpu(), kv.page_table.cpu(), kv.seq_lens.cpu(), scale=SCALE,
-                      kv_scale=s)
-    assert_close(o, truth, baseline=same)
+    """Against float64 math on the same (dequantised) rows (test_mla's check)."""
+    _check_mla(o, ref.decode, q, cache, kv.page_table, kv.seq_lens, scale=SCALE, kv_scale=scale)
 
 
 def _run(c):

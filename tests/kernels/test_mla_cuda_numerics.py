@@ -16,14 +16,19 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tskernels
 import tskernels_ref.mla as ref
 from tskernels.numerics import assert_close
 from tskernels.ops.mla import cuda_decode
 from tskernels.testing import strategies as tst
-from tskernels.testing.problems import paged_kv
+
+try:  # tests/kernels as a package or as a plain directory on sys.path
+    from .test_mla import _latent
+except ImportError:
+    from test_mla import _latent
 
 
 def model_decode(q, cache, page_table, seq_lens, scale, num_splits, kv_scale=None):
@@ -82,11 +87,7 @@ def problem(draw):
 @given(c=problem())
 def test_cuda_mla_decode_arithmetic_matches_reference(c):
     gen = torch.Generator().manual_seed(c["seed"])
-    kv = paged_kv(c["lens"], c["page_size"], 1, 576, dtype=c["dtype"], gen=gen)
-    cache, scale = kv.k_cache[:, :, 0].contiguous(), None
-    if c["fp8"]:
-        scale = (cache.float().nan_to_num(0).abs().amax() / 448.0).reshape(1)
-        cache = (cache.float() / scale).to(torch.float8_e4m3fn)
+    kv, cache, scale = _latent(c, "cpu", gen)
     # spread 0: all-zero q (uniform softmax); larger: wide logit ranges, most p tiny
     q = (torch.randn(len(c["lens"]), 64, 576, generator=gen) * c["spread"]).to(c["dtype"])
     o = model_decode(q, cache, kv.page_table, kv.seq_lens, 0.07, c["splits"], scale)
