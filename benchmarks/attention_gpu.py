@@ -577,8 +577,7 @@ def mla_cuda():
                     cp = CudaMLADecodePlan(d["pt"], d["lens"], num_heads=h, kv_lora_rank=512,
                                            rope_dim=64, page_size=64, scale=tp.scale,
                                            num_splits=ns or None, kv_dtype=d["cache"].dtype,
-                                           extra=tuple(f"-D{x}" for x in var.split(",") if x),
-                                           unverified_fp8=True)  # (an experiment stage)
+                                           extra=tuple(f"-D{x}" for x in var.split(",") if x))
                     o = cp.run(d["q"], d["cache"], kv_scale=ks).float()
                     errs[name] = ((o - ref).norm() / ref.norm()).item()
                     t[name] = _time(lambda d, cp=cp: cp.run(d["q"], d["cache"], kv_scale=ks,

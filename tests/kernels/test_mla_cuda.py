@@ -1,9 +1,9 @@
 """CUDA absorbed-MLA decode (mla.decode.cuda: tskernels/ops/mla/cuda/mla_decode_wgmma.cu, wgmma +
 TMA, sm_90a) vs tskernels_ref.mla on the GPU: ragged lengths (0, 1, on / off tile and page
 boundaries), pages of 64-256 rows, permuted page tables with NaN in every unused row, 1-192
-heads (64-head blocks, a partial last one), bf16 / fp16 q, forced split counts (empty splits
-included), strided q / out, NaN-poisoned outputs; CUDA-graph replay with new data; clear
-errors. GPU only (pytest -m gpu)."""
+heads (64-head blocks, a partial last one), bf16 / fp16 q, 16-bit or fp8-e4m3 latents (per-tensor
+scale), forced split counts (empty splits included), strided q / out, NaN-poisoned outputs;
+CUDA-graph replay with new data; clear errors. GPU only (pytest -m gpu)."""
 from __future__ import annotations
 
 import pytest
@@ -38,7 +38,8 @@ def problem(draw):
                 page_size=draw(st.sampled_from([64, 128, 256])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
                 splits=draw(st.sampled_from([None, 1, 2, 3, 7, 40])),
-                strided=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+                strided=draw(st.booleans()), fp8=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**31 - 1)))
 
 
 def _make(c):
@@ -87,10 +88,6 @@ def test_cuda_mla_decode_edges(splits):
                   seed=splits * 7 + page))
 
 
-@pytest.mark.skip(reason="fp8 latents (-DFP8KV build): the first GPU run (session 7) deadlocked "
-                         "in setmaxnreg.inc (the consumers asked for more registers than the "
-                         "producer released); fixed since, not run again: compile-checked only "
-                         "and not registered. Run this test first next time.")
 @pytest.mark.parametrize("splits", [1, 3])
 def test_cuda_mla_decode_fp8_latents(splits):
     """Full and partial tiles, 16 / 128 heads, bf16 / fp16 q against the dequantised rows."""
@@ -102,7 +99,7 @@ def test_cuda_mla_decode_fp8_latents(splits):
         kv, cache, q, scale = _make(c)
         plan = CudaMLADecodePlan(kv.page_table, kv.seq_lens, num_heads=heads, kv_lora_rank=512,
                                  rope_dim=64, page_size=64, scale=SCALE, num_splits=splits,
-                                 kv_dtype=FP8, q_dtype=dtype, unverified_fp8=True)
+                                 kv_dtype=FP8, q_dtype=dtype)
         _check(plan.run(q, cache, kv_scale=scale), q, cache, kv, scale)
 
 
@@ -118,29 +115,34 @@ def test_cuda_mla_decode_large_logits():
     _check(plan.run(q, cache), q, cache, kv)
 
 
-def test_cuda_mla_decode_graph_replay():
+@pytest.mark.parametrize("fp8", [False, True])
+def test_cuda_mla_decode_graph_replay(fp8):
     """A captured run replays with new q, cache contents and lengths in the same buffers."""
     c = dict(lens=[700, 64, 1], heads=128, page_size=64, dtype=torch.bfloat16, splits=None,
-             strided=False, seed=11)
-    kv, cache, q, _ = _make(c)
+             strided=False, fp8=fp8, seed=11)
+    kv, cache, q, scale = _make(c)
     plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=128, kv_cache=cache,
                            scale=SCALE, q_dtype=q.dtype, max_seq_len=1024, backend="cuda")
+    assert type(plan).__name__ == "CudaMLADecodePlan"
     out = torch.empty(3, 128, 512, dtype=q.dtype, device="cuda")
-    plan.run(q, cache, out=out)
+    plan.run(q, cache, kv_scale=scale, out=out)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        plan.run(q, cache, out=out)
+        plan.run(q, cache, kv_scale=scale, out=out)
     for seed in (1, 2):
         gen = torch.Generator().manual_seed(seed)
         q.copy_(torch.randn(q.shape, generator=gen).to(q))
-        owned = ~cache.isnan()
-        cache.copy_(torch.where(owned, torch.randn(cache.shape, generator=gen).to(cache), cache))
+        owned = ~cache.float().isnan()
+        new = torch.randn(cache.shape, generator=gen).to("cuda")
+        cache.copy_(torch.where(owned, new, cache.float()).to(cache.dtype))
+        if fp8:
+            scale.fill_(0.5 * seed)
         kv.seq_lens.copy_(torch.tensor([650 + seed, 60, 0], dtype=torch.int32))
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        _check(out, q, cache, kv)
+        _check(out, q, cache, kv, scale)
 
 
 def test_cuda_mla_decode_named_and_rejections():
@@ -157,13 +159,18 @@ def test_cuda_mla_decode_named_and_rejections():
         plan.run(q, cache[:, :, :].transpose(0, 1).contiguous().transpose(0, 1))
     with pytest.raises(ValueError, match="kv_scale is required"):
         plan.run(q, cache, kv_scale=torch.ones(1, device="cuda"))
+    with pytest.raises(SelectionError, match="cache_like_q"):  # fp16 cache, bf16 q
+        mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=cache.half(),
+                        scale=SCALE, q_dtype=q.dtype, backend="cuda")
     f8 = cache.float().nan_to_num(0).to(FP8)
-    with pytest.raises(SelectionError, match="kv"):  # fp8 latents: not offered (unverified)
-        mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=f8, scale=SCALE,
-                        q_dtype=q.dtype, backend="cuda")
-    with pytest.raises(ValueError, match="not run-verified"):
-        CudaMLADecodePlan(kv.page_table, kv.seq_lens, num_heads=64, kv_lora_rank=512,
-                          rope_dim=64, page_size=64, scale=SCALE, kv_dtype=FP8)
+    p8 = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=64, kv_cache=f8, scale=SCALE,
+                         q_dtype=q.dtype, backend="cuda")
+    with pytest.raises(ValueError, match="kv_scale is required"):
+        p8.run(q, f8)
+    with pytest.raises(ValueError, match="kv_scale must be"):
+        p8.run(q, f8, kv_scale=torch.ones(2, device="cuda"))
+    with pytest.raises(ValueError, match="kv_cache must be"):  # a 16-bit cache, fp8 plan
+        p8.run(q, cache, kv_scale=torch.ones(1, device="cuda"))
     with pytest.raises(ValueError, match="out must be"):
         plan.run(q, cache, out=torch.empty(2, 64, 512, device="cuda"))
     small = paged_kv([10], 16, 1, 576, device="cuda").k_cache[:, :, 0].contiguous()

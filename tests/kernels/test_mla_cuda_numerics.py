@@ -110,15 +110,15 @@ def test_cuda_mla_decode_default_splits():
 
 def test_cuda_mla_decode_registration_and_plan_checks():
     """Hopper only (sm_90a), 512 + 64, any head count in 64-head blocks, pages 64 / 128 / 256,
-    16-bit;
-    the selector never offers it on this CPU machine; the plan rejects what it cannot run
+    a 16-bit cache of q's dtype or fp8-e4m3 latents; the selector never offers it on this CPU machine; the plan rejects what it cannot run
     before compiling anything."""
     spec = next(k for k in tskernels.kernels() if k.name == "mla.decode.cuda")
     assert spec.band == "specialized"
     assert (spec.capability.min_sm, spec.capability.max_sm) == (90, 90)
     assert spec.verification.compiled == frozenset({"sm_90"})
-    assert set(spec.formats["kv"]) == {"bf16", "fp16"}  # fp8: compile-checked, not offered
+    assert set(spec.formats["kv"]) == {"bf16", "fp16", "fp8_e4m3:per_tensor"}
     t = spec.traits
+    assert t["cache_like_q"](True) and not t["cache_like_q"](False)  # no fp16 cache for bf16 q
     assert t["num_heads"](16) and t["num_heads"](128) and not t["num_heads"](0)
     # auto-selected only where measured faster than the Triton kernel (16 heads and more)
     assert spec.prefer["num_heads"](16) and spec.prefer["num_heads"](128) \
@@ -138,7 +138,7 @@ def test_cuda_mla_decode_registration_and_plan_checks():
                           ({"page_size": 16}, "page size"), ({"rope_dim": 32}, "rope 64 only"),
                           ({"q_dtype": torch.float32}, "bf16 or fp16"),
                           ({"kv_dtype": torch.float32}, "same dtype"),
-                          ({"kv_dtype": torch.float8_e4m3fn}, "not run-verified"),
+                          ({"kv_dtype": torch.float8_e4m3fn}, "CUDA device"),
                           ({}, "CUDA device")):
         with pytest.raises(ValueError, match=match):
             cuda_decode.CudaMLADecodePlan(pt, lens, **{**ok, **change})

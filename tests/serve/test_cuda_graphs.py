@@ -193,11 +193,13 @@ def test_prefix_extend_with_cuda_paged_matches_triton(tmp_path_factory, monkeypa
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="the CUDA MLA decode is sm_90a only")
-def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch):
-    """A DeepSeek-V3-shaped dummy (64 heads, 512 + 64 latents, page 64) decodes through the
-    CUDA MLA kernel captured in the engine's CUDA graphs (the latent rows stored by the Triton
-    store_mla, which does not sync): each replay is checked against the eager step, and every
-    eager call of the kernel in place against the Triton MLA kernel on the same inputs."""
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch, kv_cache_dtype):
+    """A DeepSeek-V3-shaped dummy (64 heads, 512 + 64 latents, page 64; bf16 or fp8 latents)
+    decodes through the CUDA MLA kernel captured in the engine's CUDA graphs (the latent rows
+    stored by the Triton store_mla, which does not sync): each replay is checked against the
+    eager step, and every eager call of the kernel in place against the Triton MLA kernel on
+    the same inputs."""
     import json
 
     import tskernels
@@ -213,7 +215,8 @@ def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch):
         if not torch.cuda.is_current_stream_capturing():
             ref = tskernels.mla.decode_plan(
                 self.page_table, self.seq_lens, num_heads=self.H, kv_cache=cache,
-                scale=self.scale, q_dtype=q.dtype, backend="triton").run(q, cache)
+                scale=self.scale, q_dtype=q.dtype, backend="triton").run(
+                    q, cache, kv_scale=kw.get("kv_scale"))
             assert_close(o, ref, q.dtype, name="engine's CUDA MLA decode vs Triton")
             calls.append(q.shape[0])
         return o
@@ -224,7 +227,8 @@ def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.mktemp("dsv3") / "config.json"
     path.write_text(json.dumps(cfg))
     eng = Engine(f"dummy:{path}", device="cuda", dtype="bfloat16", page_size=64,
-                 num_kv_pages=256, max_num_seqs=8, max_model_len=1024)
+                 num_kv_pages=256, max_num_seqs=8, max_model_len=1024,
+                 kv_cache_dtype=kv_cache_dtype)
     assert eng.runner.graphs is not None, "CUDA graph capture failed (see the log)"
     states = [b.attention for _, _, b in eng.runner.graphs.graphs.values()]
     assert all(type(s.decode).__name__ == "CudaMLADecodePlan" for s in states), \

@@ -36,7 +36,8 @@ def _problem(q, kv_cache, page_table, seq_lens, batch, kv_lora_rank, kv_scale):
     kv = fmt(kv_cache.dtype) + (":per_tensor" if fp8 else "")
     return dict(device=q.device, formats={"q": fmt(q.dtype), "kv": kv},
                 traits={"kv_lora_rank": kv_lora_rank, "rope_dim": q.shape[2] - kv_lora_rank,
-                        "page_size": kv_cache.shape[1], "num_heads": q.shape[1]})
+                        "page_size": kv_cache.shape[1], "num_heads": q.shape[1],
+                        "cache_like_q": fp8 or kv_cache.dtype == q.dtype})
 
 
 def decode(q: torch.Tensor, kv_cache: torch.Tensor, page_table: torch.Tensor,

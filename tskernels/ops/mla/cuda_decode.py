@@ -72,10 +72,10 @@ class CudaMLADecodePlan:
 
     def __init__(self, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim, page_size,
                  scale, max_seq_len=None, num_splits=None, kv_dtype=None,
-                 q_dtype=torch.bfloat16, extra=(), unverified_fp8=False):
-        """unverified_fp8: allow an fp8-e4m3 latent cache (the -DFP8KV build). Its first GPU
-        run deadlocked (the setmaxnreg budget, fixed since but not run again): compile-checked
-        only, not registered, so only this flag reaches it."""
+                 q_dtype=torch.bfloat16, extra=()):
+        """kv_dtype torch.float8_e4m3fn: an fp8 latent cache with a per-tensor scale (the
+        -DFP8KV build: the producer warpgroup converts each tile to f16 in shared memory, the
+        MMAs run in f16; q is rounded to f16)."""
         if kv_lora_rank != DC or rope_dim != DR:
             raise ValueError(f"CUDA MLA decode: kv_lora_rank {DC} + rope {DR} only, got "
                              f"{kv_lora_rank} + {rope_dim}")
@@ -88,9 +88,6 @@ class CudaMLADecodePlan:
             raise ValueError(f"CUDA MLA decode: bf16 or fp16 q with a cache of the same dtype "
                              f"or fp8-e4m3, got q {q_dtype}, cache {kv_dtype}")
         self.fp8 = kv_dtype == torch.float8_e4m3fn
-        if self.fp8 and not unverified_fp8:
-            raise ValueError("CUDA MLA decode: fp8 latents are not run-verified yet (use the "
-                             "Triton backend, or unverified_fp8=True to try the build)")
         dev = page_table.device
         if dev.type != "cuda":
             raise ValueError("CUDA MLA decode: tensors must be on a CUDA device")
@@ -190,7 +187,8 @@ def make_plan(page_table, seq_lens, **kw) -> CudaMLADecodePlan:
 
 TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
           "page_size": lambda p: p in PAGE_SIZES,
-          "num_heads": lambda h: 1 <= h <= MAX_HEADS}
+          "num_heads": lambda h: 1 <= h <= MAX_HEADS,
+          "cache_like_q": lambda same: same}  # a 16-bit cache of q's dtype, or fp8
 # auto-selected where it was measured faster than the Triton kernel (H200, session 7,
 # results/h200/mla_decode_cuda_s7{d,j}.json: 16, 32, 64 and 128 heads at every shape, B 1-128,
 # L 4k-32k; fewer heads are not measured); named, it runs any head count
@@ -200,7 +198,8 @@ PREFER = {"num_heads": lambda h: h >= 16}
 @register("mla", "decode", backend="cuda", traits=TRAITS,
           capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
                                 modules=frozenset({"cuda.bindings"})),
-          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16")}, band="specialized",
+          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16", "fp8_e4m3:per_tensor")},
+          band="specialized",
           tags=("deterministic", "throughput"), compiled=("sm_90",), prefer=PREFER)
 def decode(q, kv_cache, page_table, seq_lens, *, scale, kv_lora_rank=512, kv_scale=None):
     """CUDA absorbed-MLA paged decode (wgmma + TMA, sm_90a), 64-head blocks."""
