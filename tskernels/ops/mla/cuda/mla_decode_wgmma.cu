@@ -91,28 +91,29 @@ __device__ __forceinline__ void fence_acc(float* acc) {
 }
 
 #ifdef FP8KV
-// fp8 latents: N x 16 e4m3 bytes of row r from column col of the staged tile (3 boxes of
-// [64 rows x 192 bytes] at src); rows past the request (r >= rows) read as zeros
-template <int N>
-__device__ __forceinline__ void load_fp8(uint4* v, u32 src, int r, int rows, int col) {
+// fp8 latents: the staged tile is 3 boxes of [64 rows x 192 bytes] (columns 0..191, 192..383,
+// 384..575), each 768 16-byte units, unit u = row u / 12, columns 16 (u % 12) ... Producer
+// thread t takes units t, t + 128, ... of a box: a warp reads 512 consecutive bytes (no bank
+// conflicts; reading a row's columns per thread put 16 threads on one bank group). Rows past
+// the request (r >= rows) read as zeros: the stage holds stale bytes there, possibly NaN as e4m3.
+__device__ __forceinline__ void load_box(uint4* v, u32 box, int t, int rows) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const int c = col + 16 * i;
-        if (r < rows)
+    for (int m = 0; m < 6; ++m) {
+        const int u = t + 128 * m;
+        if (u / 12 < rows)
             asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
-                         : "r"(src + (c / 192) * BOX8 + r * 192 + c % 192) : "memory");
+                         : "=r"(v[m].x), "=r"(v[m].y), "=r"(v[m].z), "=r"(v[m].w)
+                         : "r"(box + 16 * u) : "memory");
         else
-            v[i] = make_uint4(0u, 0u, 0u, 0u);
+            v[m] = make_uint4(0u, 0u, 0u, 0u);
     }
 }
-// ... as f16 into the swizzled [64 x 64] chunks of the stage (e4m3 -> f16 is exact)
-template <int N>
-__device__ __forceinline__ void store_f16(const uint4* v, u32 stage, int r, int col) {
+// ... those units as f16 into the swizzled [64 x 64] chunks of the stage (e4m3 -> f16 is exact)
+__device__ __forceinline__ void store_box(const uint4* v, u32 stage, int t, int box) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-        const int c = col + 16 * i;
-        const u32 w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+    for (int m = 0; m < 6; ++m) {
+        const int u = t + 128 * m, r = u / 12, c = box * 192 + (u % 12) * 16;
+        const u32 w[4] = {v[m].x, v[m].y, v[m].z, v[m].w};
         u32 f[8];
 #pragma unroll
         for (int k = 0; k < 4; ++k)
@@ -126,14 +127,6 @@ __device__ __forceinline__ void store_f16(const uint4* v, u32 stage, int r, int 
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
                      :: "r"(swz(chunk, r, ((c & 63) >> 3) + 1)), "r"(f[4]), "r"(f[5]), "r"(f[6]),
                         "r"(f[7]) : "memory");
-    }
-}
-// columns [col, col + 16 n) of row r, read and written 16 bytes at a time (no overlap)
-__device__ __forceinline__ void convert_fp8(u32 src, u32 stage, int r, int rows, int col, int n) {
-    for (int i = 0; i < n; ++i) {
-        uint4 v[1];
-        load_fp8<1>(v, src, r, rows, col + 16 * i);
-        store_f16<1>(v, stage, r, col + 16 * i);
     }
 }
 #endif
@@ -237,23 +230,23 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
             }
         };
         if (tid < 32) issue(0);
-        const int r = tid >> 1, h = tid & 1;  // my half of a row of each tile
         for (int j = 0; j < n; ++j) {
             const int s = j & 1, rows = min(BN, L - (t0 + j) * BN);
             const u32 stage = skv + s * STAGE_BYTES, src = stage + FP8_OFFSET;
             mbar_wait_uniform(bars + 32 + 8 * s, (j >> 1) & 1);
             // f16 chunk k takes bytes [8k, 8k + 8) KB of the stage, the e4m3 boxes [36, 48),
-            // [48, 60), [60, 72) KB: columns 0..255 (chunks 0..3) land below every box and
-            // are converted as read; 256..383 (chunks 4, 5, from box 1) land on box 0, free
-            // once everyone's first pass is done; 384..575 (chunks 6..8, box 2) land on boxes
-            // 1 and 2, so they are read into registers first and written last
-            convert_fp8(src, stage, r, rows, h * 128, 8);
+            // [48, 60), [60, 72) KB: box 0 (columns 0..191) goes to chunks 0..2, below every
+            // box; box 1 (192..383) to chunks 3..5, over box 0 once everyone has read it; box 2
+            // (384..575) to chunks 6..8, over boxes 1 and 2 once everyone has read box 2
             uint4 v[6];
-            load_fp8<6>(v, src, r, rows, 384 + h * 96);
+            load_box(v, src, tid, rows);
+            store_box(v, stage, tid, 0);
+            load_box(v, src + BOX8, tid, rows);
             named_sync(4, 128);  // box 0 read by everyone
-            convert_fp8(src, stage, r, rows, 256 + h * 64, 4);
-            named_sync(4, 128);  // boxes 1 and 2 read by everyone
-            store_f16<6>(v, stage, r, 384 + h * 96);
+            store_box(v, stage, tid, 1);
+            load_box(v, src + 2 * BOX8, tid, rows);
+            named_sync(4, 128);  // box 2 read by everyone
+            store_box(v, stage, tid, 2);
             fence_async_shared();
             mbar_arrive(bars + 8 * s);
             if (tid < 32 && j + 1 < n) {  // the next tile, once its stage is released
