@@ -105,7 +105,9 @@ def test_cuda_mla_decode_default_splits():
     assert cuda_decode.default_splits(64, 64, 4096, 132) == 2
     assert cuda_decode.default_splits(1, 128, 4096, 132) == 32     # 64 tiles / 2
     assert cuda_decode.default_splits(1, 128, 100, 132) == 1
-    assert cuda_decode.default_splits(1, 64, 10**6, 132) == 64
+    assert cuda_decode.default_splits(1, 64, 10**6, 132) == 128
+    assert cuda_decode.default_splits(1, 64, 32768, 132) == 128   # 512 tiles
+    assert cuda_decode.default_splits(1, 128, 32768, 132) == 66   # 2 head blocks
 
 
 def test_cuda_mla_decode_registration_and_plan_checks():

@@ -249,18 +249,18 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
 
 @triton.jit
 def _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh,
-                D: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr,
+                D: tl.constexpr, ROW: tl.constexpr, SINKS: tl.constexpr,
                 BYPASS_L1: tl.constexpr):
-    """o[b, h] = sum_s exp(lse_s - M) o_s / (sum_s exp(lse_s - M) + exp(sink - M)) over the
-    partial rows `rows` (mask sm). BYPASS_L1: read them with .cg (written by other CTAs of
-    the running kernel)."""
+    """o[b, h, d] = sum_s exp(lse_s - M) o_s / (sum_s exp(lse_s - M) + exp(sink - M)) over the
+    partial rows `rows` (mask sm; ROW elements apart) and the columns d (< D). BYPASS_L1: read
+    them with .cg (written by other CTAs of the running kernel)."""
     if BYPASS_L1:
         lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"), cache_modifier=".cg")
-        po = tl.load(po_ptr + rows[:, None] * BLOCK_D + d[None, :], mask=sm[:, None],
+        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=sm[:, None],
                      other=0.0, cache_modifier=".cg")
     else:
         lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"))
-        po = tl.load(po_ptr + rows[:, None] * BLOCK_D + d[None, :], mask=sm[:, None],
+        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=sm[:, None],
                      other=0.0)
     m = tl.max(lse, 0)
     if SINKS:
@@ -294,20 +294,27 @@ def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_strid
 @triton.jit
 def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SINKS: tl.constexpr, PDL: tl.constexpr = False):
-    """One (head, request) per program: merge its split-KV partials (see _merge_head).
-    PDL: launched as a programmatic dependent of the decode kernel (its launch overlaps the
-    decode); wait for the decode grid's completion and memory before reading its partials."""
+                  SINKS: tl.constexpr, PDL: tl.constexpr = False, ROW: tl.constexpr = 0):
+    """One (head, request, BLOCK_D columns) per program (grid (H, B) when BLOCK_D covers a
+    row, (H, B, D / BLOCK_D) for wide rows: MLA's 512 columns at 64 splits would be 32 K
+    fp32 values in one program's registers): merge its split-KV partials (see _merge_head).
+    ROW: the partial rows' length (0: BLOCK_D). PDL: launched as a programmatic dependent of
+    the decode kernel (its launch overlaps the decode); wait for the decode grid's completion
+    and memory before reading its partials."""
     if PDL:
         gdc_wait()
     h = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     sidx = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     sm = sidx < num_splits
     row = (b * H + h) * num_splits + sidx
-    _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D, BLOCK_D,
-                SINKS, False)
+    if ROW == 0:
+        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
+                    BLOCK_D, SINKS, False)
+    else:
+        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
+                    ROW, SINKS, False)
 
 
 def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
@@ -521,8 +528,11 @@ def _cases():
                                        label="fp8e4nv_d16", aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
-    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False)
+    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False, ROW=0)
     out.append(CompileCase(_merge_kernel, msig, mc, num_warps=1, label="merge"))
+    out.append(CompileCase(_merge_kernel, msig, dict(D=512, BLOCK_D=64, BLOCK_S=64, SINKS=False,
+                                                     PDL=False, ROW=512), num_warps=4,
+                           label="merge_mla_chunks"))
     out.append(CompileCase(_merge_kernel, msig, dict(mc, PDL=True), num_warps=1,
                            label="merge_pdl", targets=nvidia))
     return out

@@ -39,6 +39,8 @@ BLOCK_N = 64           # cache rows per tile
 LOG2E = 1.4426950408889634
 PAGE_SIZES = (64, 128, 256)
 MAX_HEADS = 1024
+MERGE_D = 64           # columns per merge program
+MAX_AUTO_SPLITS = 128
 
 
 def smem_bytes(fp8: bool = False) -> int:
@@ -59,11 +61,14 @@ def nvcc_options(fp16: bool, extra: tuple[str, ...] = (), fp8: bool = False) -> 
 
 def default_splits(batch: int, num_heads: int, max_seq_len: int, sms: int) -> int:
     """One CTA per SM (the ring takes ~225 KB of shared memory): split each request's tiles so
-    that batch x head blocks x splits fills one wave, at least two tiles per split, at most 64
-    splits; a batch that fills the GPU alone is not split."""
+    that batch x head blocks x splits fills one wave, at least two tiles per split, at most
+    MAX_AUTO_SPLITS; a batch that fills the GPU alone is not split. (H200,
+    results/h200/mla_decode_cuda_splits_s8i.json: 16 heads B=1 L=32k 17.9 us at 128 splits vs
+    24.9 at 64; a second wave costs more than it spreads, e.g. 128 heads B=1 L=32k 35.0 us at
+    64 splits = 128 CTAs vs 48.8 at 96.)"""
     ctas = max(1, batch * -(-num_heads // HEADS_PER_CTA))
     tiles = -(-max(max_seq_len, 1) // BLOCK_N)
-    return max(1, min(sms // ctas, tiles // 2, 64))
+    return max(1, min(sms // ctas, tiles // 2, MAX_AUTO_SPLITS))
 
 
 class CudaMLADecodePlan:
@@ -174,10 +179,10 @@ class CudaMLADecodePlan:
                            smem_bytes(self.fp8),
                            q.device, args)
         if S > 1:
-            _merge_kernel[(H, B)](
+            _merge_kernel[(H, B, DC // MERGE_D)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, S, H, o.stride(0),
-                o.stride(1), D=DC, BLOCK_D=DC, BLOCK_S=max(2, triton.next_power_of_2(S)),
-                SINKS=False, num_warps=4)
+                o.stride(1), D=DC, BLOCK_D=MERGE_D, ROW=DC,
+                BLOCK_S=max(2, triton.next_power_of_2(S)), SINKS=False, num_warps=4)
         return o
 
 

@@ -200,9 +200,10 @@ class MLAPlan:
             and q.dtype != torch.float32, num_warps=self.num_warps,
             num_stages=self.num_stages)
         if split:
-            _merge_kernel[(self.H, T)](
+            bd = min(self.dc, 64)  # columns per merge program (a power of two, as dc)
+            _merge_kernel[(self.H, T, self.dc // bd)](
                 self.partial_o, self.partial_lse, dummy, o, self.num_splits, self.H,
-                o.stride(0), o.stride(1), D=self.dc, BLOCK_D=self.dc,
+                o.stride(0), o.stride(1), D=self.dc, BLOCK_D=bd, ROW=self.dc,
                 BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)), SINKS=False,
                 num_warps=4)
         return o
