@@ -78,3 +78,20 @@ def _mla_extend_case(c, kernel_device):
                    backend="triton")
     _check(o, ref.extend, q, cache, indptr, kv.page_table, kv.seq_lens, scale=0.07,
            kv_scale=scale)
+
+
+@pytest.mark.parametrize("splits", [3, 20, 40])
+def test_mla_decode_forced_splits(kernel_device, splits):
+    """Forced split counts (empty splits included): the merge reads [splits x 512] partials in
+    whole rows (few splits) or 256 / 128 / 64-column programs (many)."""
+    c = dict(lens=[150, 1, 0, 67], page_size=16, heads=3, dtype=torch.float16, fp8=splits == 20,
+             seed=splits)
+    gen = torch.Generator().manual_seed(c["seed"])
+    kv, cache, scale = _latent(c, kernel_device, gen)
+    q = torch.randn(len(c["lens"]), 3, 576, generator=gen).to(kernel_device, c["dtype"])
+    plan = mla.decode_plan(kv.page_table, kv.seq_lens, num_heads=3, kv_cache=cache, scale=0.07,
+                           q_dtype=q.dtype, num_splits=splits, backend="triton")
+    assert plan.num_splits == splits
+    o = plan.run(q, cache, kv_scale=scale, out=torch.full((*q.shape[:2], 512), float("nan"),
+                                                          dtype=q.dtype, device=q.device))
+    _check(o, ref.decode, q, cache, kv.page_table, kv.seq_lens, scale=0.07, kv_scale=scale)

@@ -28,7 +28,7 @@ import triton
 from .. import cuda_driver
 from ...platform import platform_of
 from ...registry import Capability, register
-from ..attention.triton_decode import _merge_kernel
+from ..attention.triton_decode import _merge_kernel, merge_block_d
 
 SOURCE = Path(__file__).with_name("cuda") / "mla_decode_wgmma.cu"
 KERNEL = "mla_decode_wgmma_kernel"
@@ -39,7 +39,6 @@ BLOCK_N = 64           # cache rows per tile
 LOG2E = 1.4426950408889634
 PAGE_SIZES = (64, 128, 256)
 MAX_HEADS = 1024
-MERGE_D = 64           # columns per merge program
 MAX_AUTO_SPLITS = 128
 
 
@@ -179,10 +178,11 @@ class CudaMLADecodePlan:
                            smem_bytes(self.fp8),
                            q.device, args)
         if S > 1:
-            _merge_kernel[(H, B, DC // MERGE_D)](
+            bs = max(2, triton.next_power_of_2(S))
+            bd = merge_block_d(DC, bs)
+            _merge_kernel[(H, B, DC // bd)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, S, H, o.stride(0),
-                o.stride(1), D=DC, BLOCK_D=MERGE_D, ROW=DC,
-                BLOCK_S=max(2, triton.next_power_of_2(S)), SINKS=False, num_warps=4)
+                o.stride(1), D=DC, BLOCK_D=bd, ROW=DC, BLOCK_S=bs, SINKS=False, num_warps=4)
         return o
 
 

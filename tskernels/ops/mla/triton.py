@@ -19,7 +19,7 @@ from ...compile import CompileCase
 from ...platform import platform_of
 from ...registry import register
 from .._common import TRITON
-from ..attention.triton_decode import LN2, LOG2E, _fp8_to_f16, _merge_kernel
+from ..attention.triton_decode import LN2, LOG2E, _fp8_to_f16, _merge_kernel, merge_block_d
 
 
 @triton.jit
@@ -200,12 +200,12 @@ class MLAPlan:
             and q.dtype != torch.float32, num_warps=self.num_warps,
             num_stages=self.num_stages)
         if split:
-            bd = min(self.dc, 64)  # columns per merge program (a power of two, as dc)
+            bs = max(2, triton.next_power_of_2(self.num_splits))
+            bd = merge_block_d(self.dc, bs)  # (dc: a power of two)
             _merge_kernel[(self.H, T, self.dc // bd)](
                 self.partial_o, self.partial_lse, dummy, o, self.num_splits, self.H,
-                o.stride(0), o.stride(1), D=self.dc, BLOCK_D=bd, ROW=self.dc,
-                BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)), SINKS=False,
-                num_warps=4)
+                o.stride(0), o.stride(1), D=self.dc, BLOCK_D=bd, ROW=self.dc, BLOCK_S=bs,
+                SINKS=False, num_warps=4)
         return o
 
 
