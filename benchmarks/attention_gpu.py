@@ -11,6 +11,7 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -546,10 +547,14 @@ def mla_cuda():
     """The CUDA (wgmma) MLA decode next to the Triton kernel and torch bmm, graph replay.
     MLA_CUDA_SHAPES="HxBxL,..." (default 128 heads at B 1 / 16 / 64 / 128, L 4k / 32k, and 64
     heads); MLA_CUDA_SPLITS="0,2" split counts for the CUDA plan (0 = its default);
-    MLA_CUDA_VARIANTS="A;B" -D options of experiments (each its own build)."""
+    MLA_CUDA_VARIANTS="A;B" -D options of experiments (each its own build); MLA_CUDA_SOURCE=FILE
+    builds an experimental copy of the kernel source instead of the shipped one."""
     from tskernels.bench.cases.mla import _bytes, _make, _prepare, _torch_bmm
+    from tskernels.ops.mla import cuda_decode
     from tskernels.ops.mla.cuda_decode import CudaMLADecodePlan
     from tskernels.ops.mla.triton import MLAPlan
+    if os.environ.get("MLA_CUDA_SOURCE"):
+        cuda_decode.SOURCE = Path(os.environ["MLA_CUDA_SOURCE"]).resolve()
     shapes = os.environ.get("MLA_CUDA_SHAPES", "128x64x4096,128x128x4096,128x64x32768,"
                             "128x128x32768,128x16x4096,128x16x32768,128x1x4096,64x64x4096")
     splits = [int(x) for x in os.environ.get("MLA_CUDA_SPLITS", "0").split(",")]
