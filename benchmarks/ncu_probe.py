@@ -61,9 +61,13 @@ def main(which: str) -> None:
         from tskernels.bench.cases import mla as M
         if which == "mla_cuda":
             os.environ["TSKERNELS_BACKEND"] = "mla=cuda"
-        shape = {"B": 64, "L": 4096, "fp8": 0}
+        # NCU_MLA="H=16,B=64,L=4096,fp8=1" (default 128 heads, B=64, L=4k, bf16 latents)
+        shape = {"B": 64, "L": 4096, "fp8": 0, "H": 128}
+        shape.update({k: int(v) for k, v in (kv.split("=") for kv in
+                                             os.environ.get("NCU_MLA", "").split(",") if kv)})
         d = M._prepare(M._make(shape, "cuda", gen))
-        run = lambda: d["plan"].run(d["q"], d["cache"], out=d["out"])  # noqa: E731
+        run = lambda: d["plan"].run(d["q"], d["cache"], kv_scale=d.get("scale"),  # noqa: E731
+                                    out=d["out"])
     else:
         raise SystemExit(f"unknown problem {which}")
     for _ in range(2):
