@@ -7,8 +7,10 @@ accumulator in one warpgroup (255 registers, ~230 TFLOP/s on the H200); this ker
 exchange P through shared memory, with warpgroup MMAs (wgmma) fed by TMA. With 16 heads (a
 padded 64-row block) it is bound by the latent reads and streams them faster than the Triton
 kernel's 16-row form too (3.5-4.1 vs 2.7-3.3 TB/s at B >= 64). Narrow on purpose:
-sm_90a only, kv_lora_rank 512 + rope 64, 16-bit q and cache of one dtype, 64-head blocks (a
-last, partial block runs on zero rows), pages of 64 / 128 / 256 rows, a contiguous cache. The
+sm_90a only, kv_lora_rank 512 + rope 64, 16-bit q and a cache of its dtype or fp8-e4m3 latents
+(converted to f16 in shared memory: a memory saving, 0.77-0.89x the bf16 speed, still 1.2-2.7x
+the Triton fp8 kernel), 64-head blocks (a last, partial block runs on zero rows), pages of
+64 / 128 / 256 rows, a contiguous cache. The
 registry offers it only for such problems, and picks it by itself where it was measured faster
 (`PREFER`); everything else stays on the Triton kernel.
 
@@ -196,7 +198,8 @@ TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
           "cache_like_q": lambda same: same}  # a 16-bit cache of q's dtype, or fp8
 # auto-selected where it was measured faster than the Triton kernel (H200, session 7,
 # results/h200/mla_decode_cuda_s7{d,j}.json: 16, 32, 64 and 128 heads at every shape, B 1-128,
-# L 4k-32k; fewer heads are not measured); named, it runs any head count
+# L 4k-32k; fp8 latents in session 8, mla_decode_cuda_fp8_s8d.json: 16 and 128 heads, B 1-128;
+# fewer heads are not measured); named, it runs any head count
 PREFER = {"num_heads": lambda h: h >= 16}
 
 
