@@ -152,3 +152,18 @@ def test_cache_with_strided_head_dim_is_rejected():
     assert torch.equal(v_slots_inner.nan_to_num(), kv.v_cache.nan_to_num())
     with pytest.raises(ValueError, match="v_cache"):
         attn.decode(q, kv.k_cache, v_slots_inner, kv.page_table, kv.seq_lens)
+
+
+def test_many_splits_merge(kernel_device):
+    """64 splits of a short request (most of them empty): the separate merge then reads a
+    [64 x 128] tile per head with four warps (merge_warps), sinks included."""
+    gen = torch.Generator().manual_seed(9)
+    kv = make_paged([700, 3, 0], 16, 2, 128, torch.float16, None, kernel_device, gen)
+    plan = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=4, k_cache=kv.k_cache,
+                            q_dtype=torch.float16, num_splits=64, sinks=True, backend="triton")
+    assert plan.num_splits == 64 and not plan.fused_merge
+    q = torch.randn(3, 4, 128, generator=gen).to(kernel_device, torch.float16)
+    sinks = torch.randn(4, generator=gen).to(kernel_device)
+    o = plan.run(q, kv.k_cache, kv.v_cache, sinks=sinks, out=poisoned_like(q))
+    truth, same = ref_decode(q, kv, sinks=sinks)
+    assert_close(o, truth, baseline=same)

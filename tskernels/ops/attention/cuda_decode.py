@@ -23,7 +23,7 @@ import triton
 
 from ...platform import platform_of
 from ...registry import Capability, register
-from .triton_decode import _merge_kernel, choose_splits, plan_args
+from .triton_decode import _merge_kernel, choose_splits, merge_warps, plan_args
 
 SOURCE = Path(__file__).with_name("cuda") / "decode_fp8.cu"
 HEAD_DIM = 128
@@ -171,11 +171,12 @@ class CudaDecodePlan:
             self._fn((self.num_splits, self.hkv, B), (32 * self.num_warps,), args,
                      shared_mem=self._smem)
         if split:
+            bs = max(2, triton.next_power_of_2(self.num_splits))
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, self.num_splits, self.hq,
-                o.stride(0), o.stride(1), D=self.d, BLOCK_D=self.d,
-                BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)), SINKS=False,
-                PDL=self.pdl, num_warps=1, **({"launch_pdl": True} if self.pdl else {}))
+                o.stride(0), o.stride(1), D=self.d, BLOCK_D=self.d, BLOCK_S=bs, SINKS=False,
+                PDL=self.pdl, num_warps=merge_warps(bs, self.d),
+                **({"launch_pdl": True} if self.pdl else {}))
         return o
 
 

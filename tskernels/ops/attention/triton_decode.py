@@ -325,6 +325,13 @@ def merge_block_d(d: int, block_s: int) -> int:
     return max(min(d, 64), min(d, 4096 // block_s))
 
 
+def merge_warps(block_s: int, block_d: int) -> int:
+    """Warps of a whole-row merge program: one while its [BLOCK_S x BLOCK_D] fp32 tile fits
+    (150 registers at 32 x 128), four beyond (one warp at 64 x 128: 255 registers and a stack;
+    triton 3.6 AOT for sm_90)."""
+    return 1 if block_s * block_d <= 4096 else 4
+
+
 def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
                   block_n: int, min_chunk: int = 128) -> int:
     """Enough (request, KV head, split) programs for ~2 per SM, each with >= min_chunk keys
@@ -471,11 +478,12 @@ class DecodePlan:
             num_warps=self.num_warps,
             num_stages=self.num_stages)
         if split and not self.fused_merge:
+            bs = max(2, triton.next_power_of_2(self.num_splits))
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
-                BLOCK_D=self.block_d, BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
-                SINKS=sinks is not None, PDL=self.pdl, num_warps=1,
+                BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, PDL=self.pdl,
+                num_warps=merge_warps(bs, self.block_d),
                 **({"launch_pdl": True} if self.pdl else {}))
         return o
 
