@@ -294,11 +294,11 @@ def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_strid
 @triton.jit
 def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SINKS: tl.constexpr, PDL: tl.constexpr = False, ROW: tl.constexpr = 0):
+                  SINKS: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr = False):
     """One (head, request, BLOCK_D columns) per program (grid (H, B) when BLOCK_D covers a
     row, (H, B, D / BLOCK_D) for wide rows: MLA's 512 columns at 64 splits would be 32 K
     fp32 values in one program's registers): merge its split-KV partials (see _merge_head).
-    ROW: the partial rows' length (0: BLOCK_D). PDL: launched as a programmatic dependent of
+    ROW: the partial rows' length. PDL: launched as a programmatic dependent of
     the decode kernel (its launch overlaps the decode); wait for the decode grid's completion
     and memory before reading its partials."""
     if PDL:
@@ -309,27 +309,26 @@ def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     sm = sidx < num_splits
     row = (b * H + h) * num_splits + sidx
-    if ROW == 0:
-        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
-                    BLOCK_D, SINKS, False)
-    else:
-        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
-                    ROW, SINKS, False)
+    _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D, ROW,
+                SINKS, False)
+
+
+MERGE_TILE = 4096  # fp32 values one merge program holds comfortably
 
 
 def merge_block_d(d: int, block_s: int) -> int:
     """Columns per merge program for rows of d (a power of two) fp32 values and BLOCK_S
-    splits: ~4 K values per program, whole rows when they fit (few splits: fewer, larger
+    splits: ~MERGE_TILE values per program, whole rows when they fit (few splits: fewer, larger
     programs; H200, MLA B=16 128 heads 4 splits: 16 K programs of [4 x 64] took 63.0 us vs
     51.2 with 2 K of [4 x 512]), at least 64 columns."""
-    return max(min(d, 64), min(d, 4096 // block_s))
+    return max(min(d, 64), min(d, MERGE_TILE // block_s))
 
 
 def merge_warps(block_s: int, block_d: int) -> int:
     """Warps of a whole-row merge program: one while its [BLOCK_S x BLOCK_D] fp32 tile fits
     (150 registers at 32 x 128), four beyond (one warp at 64 x 128: 255 registers and a stack;
     triton 3.6 AOT for sm_90)."""
-    return 1 if block_s * block_d <= 4096 else 4
+    return 1 if block_s * block_d <= MERGE_TILE else 4
 
 
 def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
@@ -482,8 +481,8 @@ class DecodePlan:
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
-                BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, PDL=self.pdl,
-                num_warps=merge_warps(bs, self.block_d),
+                BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, ROW=self.block_d,
+                PDL=self.pdl, num_warps=merge_warps(bs, self.block_d),
                 **({"launch_pdl": True} if self.pdl else {}))
         return o
 
@@ -544,7 +543,7 @@ def _cases():
                                        label="fp8e4nv_d16", aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
-    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False, ROW=0)
+    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False, ROW=128)
     out.append(CompileCase(_merge_kernel, msig, mc, num_warps=1, label="merge"))
     out.append(CompileCase(_merge_kernel, msig, dict(D=512, BLOCK_D=64, BLOCK_S=64, SINKS=False,
                                                      PDL=False, ROW=512), num_warps=4,
