@@ -31,7 +31,9 @@ def main() -> None:
     print(f"triton {triton.__version__}, target sm_90")
     print("BLOCK_S BLOCK_D D warps | resources")
     for bs, bd, d, nw in CASES:
-        consts = dict(D=d, BLOCK_D=bd, BLOCK_S=bs, SINKS=False, PDL=False, ROW=d)
+        # (ROW=0: whole rows, as the attention decode launches it)
+        consts = dict(D=d, BLOCK_D=bd, BLOCK_S=bs, SINKS=False, PDL=False,
+                      ROW=0 if bd == d else d)
         sig = dict(SIG, **{k: "constexpr" for k in consts})
         k = triton.compile(ASTSource(fn=_merge_kernel, signature=sig, constexprs=consts),
                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw))

@@ -175,7 +175,7 @@ class CudaDecodePlan:
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, self.num_splits, self.hq,
                 o.stride(0), o.stride(1), D=self.d, BLOCK_D=self.d, BLOCK_S=bs, SINKS=False,
-                ROW=self.d, PDL=self.pdl, num_warps=merge_warps(bs, self.d),
+                PDL=self.pdl, num_warps=merge_warps(bs, self.d),
                 **({"launch_pdl": True} if self.pdl else {}))
         return o
 

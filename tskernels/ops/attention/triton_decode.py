@@ -294,11 +294,11 @@ def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_strid
 @triton.jit
 def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SINKS: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr = False):
+                  SINKS: tl.constexpr, PDL: tl.constexpr = False, ROW: tl.constexpr = 0):
     """One (head, request, BLOCK_D columns) per program (grid (H, B) when BLOCK_D covers a
     row, (H, B, D / BLOCK_D) for wide rows: MLA's 512 columns at 64 splits would be 32 K
     fp32 values in one program's registers): merge its split-KV partials (see _merge_head).
-    ROW: the partial rows' length. PDL: launched as a programmatic dependent of
+    ROW: the partial rows' length (0: BLOCK_D). PDL: launched as a programmatic dependent of
     the decode kernel (its launch overlaps the decode); wait for the decode grid's completion
     and memory before reading its partials."""
     if PDL:
@@ -309,8 +309,12 @@ def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     sm = sidx < num_splits
     row = (b * H + h) * num_splits + sidx
-    _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D, ROW,
-                SINKS, False)
+    if ROW == 0:
+        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
+                    BLOCK_D, SINKS, False)
+    else:
+        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
+                    ROW, SINKS, False)
 
 
 MERGE_TILE = 4096  # fp32 values one merge program holds comfortably
@@ -481,8 +485,8 @@ class DecodePlan:
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
-                BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, ROW=self.block_d,
-                PDL=self.pdl, num_warps=merge_warps(bs, self.block_d),
+                BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, PDL=self.pdl,
+                num_warps=merge_warps(bs, self.block_d),
                 **({"launch_pdl": True} if self.pdl else {}))
         return o
 
@@ -543,7 +547,7 @@ def _cases():
                                        label="fp8e4nv_d16", aligned=strides))
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
-    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False, ROW=128)
+    mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False, ROW=0)
     out.append(CompileCase(_merge_kernel, msig, mc, num_warps=1, label="merge"))
     out.append(CompileCase(_merge_kernel, msig, dict(D=512, BLOCK_D=64, BLOCK_S=64, SINKS=False,
                                                      PDL=False, ROW=512), num_warps=4,
