@@ -602,6 +602,87 @@ def mla_cuda():
         json.dump(rows, f, indent=1)
 
 
+def layout():
+    """Cache layout and CUDA-source variants side by side, graph replay, per (B, L) shape:
+    SDPA on contiguous bf16 K/V, the Triton bf16 decode and the CUDA fp8 decode on the paged
+    cache stored [page, slot, head, dim] ("nhd", the bench's) and [page, head, slot, dim]
+    ("hnd": same logical tensor, strided). LAYOUT_SOURCES="v1=FILE;..." adds CUDA fp8 builds
+    of other sources; LAYOUT_BALANCE="1,0" times the CUDA kernel's balanced and static
+    schedules; LAYOUT_ROUNDS repeats the whole row set (interleaved, for noise)."""
+    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
+    from tskernels.numerics import error_stats
+    import tskernels.ops.attention as attn
+    from tskernels.ops.attention import cuda_decode
+    sources = [("ship", cuda_decode.SOURCE)] + [
+        (n, Path(f).resolve()) for n, _, f in
+        (v.partition("=") for v in os.environ.get("LAYOUT_SOURCES", "").split(";") if v)]
+    layouts = os.environ.get("LAYOUT_LAYOUTS", "nhd,hnd").split(",")
+    rounds = int(os.environ.get("LAYOUT_ROUNDS", "2"))
+    balances = [bool(int(x)) for x in os.environ.get("LAYOUT_BALANCE", "1").split(",")]
+    rows = []
+
+    def hnd(c):
+        return c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+    for B, L in _decode_shapes():
+        for fp8 in (0, 1):
+            shape = {"B": B, "L": L, "fp8": fp8}
+            gen = torch.Generator("cuda").manual_seed(0)
+            nbytes = _decode_bytes(shape)
+            sets = [_make_decode(shape, "cuda", gen)
+                    for _ in range(max(1, min(8, (256 << 20) // nbytes)))]
+            s0 = sets[0]
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                s0["q"].float().unsqueeze(2), s0["kcont"].float(), s0["vcont"].float(),
+                enable_gqa=True).squeeze(2)
+            cands = {}
+            if not fp8:
+                cands["sdpa"] = (lambda s: torch.nn.functional.scaled_dot_product_attention(
+                    s["q"].unsqueeze(2), s["kcont"], s["vcont"], enable_gqa=True), sets, None)
+            for lay in layouts:
+                lsets = sets if lay == "nhd" else [dict(s, kc=hnd(s["kc"]), vc=hnd(s["vc"]))
+                                                   for s in sets]
+                if not fp8:
+                    runs, fn = _decode_runs(lsets, 0, None, lambda p: None)
+                    cands[f"triton_bf16_{lay}"] = (fn, runs, runs[0])
+                    continue
+                for (name, src), bal in itertools.product(sources, balances):
+                    cuda_decode.SOURCE = src
+                    cuda_decode._modules.clear()
+                    plans = [cuda_decode.CudaDecodePlan(
+                        s["pt"], s["lens"], num_q_heads=32, num_kv_heads=8, head_dim=128,
+                        page_size=s["kc"].shape[1], q_dtype=torch.bfloat16,
+                        kv_dtype=s["kc"].dtype, scale=128 ** -0.5, balance=bal)
+                        for s in lsets]
+                    if len(balances) > 1:
+                        name = f"{name}_{'bal' if bal else 'static'}"
+                    cr = [dict(p=p, s=s, o=torch.empty_like(s["q"]))
+                          for p, s in zip(plans, lsets)]
+                    cfn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731
+                                               k_scale=r["s"]["ks"], v_scale=r["s"]["vs"],
+                                               out=r["o"])
+                    cands[f"cuda_fp8_{name}_{lay}"] = (cfn, cr, cr[0])
+            cuda_decode.SOURCE = sources[0][1]
+            cuda_decode._modules.clear()
+            errs = {}
+            for k, (fn, runs, r0) in cands.items():
+                if r0 is not None:
+                    fn(r0)
+                    errs[k] = error_stats(r0["o"], ref).rel_rms
+            for rnd in range(rounds):
+                for k, (fn, runs, r0) in cands.items():
+                    us = _time(fn, runs, iters=30, graph=True)
+                    rows.append(dict(shape=shape, kernel=k, round=rnd, us=us,
+                                     tbps=nbytes / us / 1e6, rel_rms=errs.get(k)))
+                    print(f"B={B:3d} L={L:5d} fp8={fp8} {k:24s} r{rnd} {us:9.1f} us "
+                          f"{nbytes / us / 1e6:5.2f} TB/s rms={errs.get(k, 0):.1e}", flush=True)
+            del sets, cands
+            torch.cuda.empty_cache()
+            with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_layout.json')}",
+                      "w") as f:
+                json.dump(rows, f, indent=1)
+
+
 def bench(ops):
     from tskernels.bench.core import run_bench
     for spec in ops:  # "decode" (both modes), "extend:plain" or "mla.decode:graph"
@@ -633,5 +714,7 @@ if __name__ == "__main__":
         mla_cuda()
     elif stage == "sweep_mla":
         sweep_mla()
+    elif stage == "layout":
+        layout()
     elif stage == "bench":
         bench(sys.argv[2:])

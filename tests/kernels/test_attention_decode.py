@@ -167,3 +167,45 @@ def test_many_splits_merge(kernel_device):
     o = plan.run(q, kv.k_cache, kv.v_cache, sinks=sinks, out=poisoned_like(q))
     truth, same = ref_decode(q, kv, sinks=sinks)
     assert_close(o, truth, baseline=same)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_balanced_merge(kernel_device, out_dtype):
+    """The merge of the CUDA fp8 decode's balanced schedule against float64 math: per (request,
+    KV head) pair, its 2 owner slots plus the slots stealing CTAs claimed (a claim count past
+    the 4 granted is capped; slots past a pair's count hold NaN and must not be read; empty
+    partials carry lse = -inf, a pair with only empty ones gives 0), G = 3 query heads per
+    pair; afterwards both counters of every pair are zero."""
+    from tskernels.ops.attention.triton_decode import _balanced_merge_kernel
+    gen = torch.Generator().manual_seed(4)
+    B, hkv, G, D, owners, steal = 3, 2, 3, 128, 2, 4
+    H, P, slots = hkv * G, B * hkv, owners + steal
+    claims = torch.tensor([0, 1, 4, 7, 2, 0], dtype=torch.int32)
+    used = owners + claims.clamp(max=steal)
+    po = torch.randn(B * H * slots, D, generator=gen, dtype=torch.float64)
+    lse = 3 * torch.randn(B * H * slots, generator=gen, dtype=torch.float64)
+    row = lambda b, h, s: (b * H + h) * slots + s  # noqa: E731
+    want = torch.zeros(B, H, D, dtype=torch.float64)
+    for b in range(B):
+        for k in range(hkv):
+            n = int(used[b * hkv + k])
+            for h in range(k * G, (k + 1) * G):
+                rows = [row(b, h, s) for s in range(slots)]
+                if (b, k) == (0, 1):  # an empty owner partial
+                    lse[rows[0]] = float("-inf")
+                if (b, k) == (2, 1):  # nothing at all
+                    lse[rows[:n]] = float("-inf")
+                po[rows[n:]] = float("nan")
+                lse[rows[n:]] = float("nan")
+                w = torch.exp(lse[rows[:n]] - lse[rows[:n]].max()).nan_to_num(0.0)
+                if w.sum() > 0:
+                    want[b, h] = (w[:, None] * po[rows[:n]]).sum(0) / w.sum()
+    cnt = torch.cat([torch.randint(1, 50, (P,), generator=gen, dtype=torch.int32), claims])
+    cnt = cnt.to(kernel_device)
+    out = poisoned_like(torch.empty(B, H, D, dtype=out_dtype)).to(kernel_device)
+    _balanced_merge_kernel[(hkv, B)](
+        po.float().to(kernel_device), lse.float().to(kernel_device), cnt, out, owners, slots, G,
+        H, P, out.stride(0), out.stride(1), D=D, BLOCK_S=8, num_warps=1)
+    assert_close(out, want, baseline=want.to(out_dtype) if out_dtype != torch.float32 else None,
+                 name="balanced merge")
+    assert int(cnt.abs().sum()) == 0, cnt
