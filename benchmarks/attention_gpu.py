@@ -607,8 +607,7 @@ def layout():
     SDPA on contiguous bf16 K/V, the Triton bf16 decode and the CUDA fp8 decode on the paged
     cache stored [page, slot, head, dim] ("nhd", the bench's) and [page, head, slot, dim]
     ("hnd": same logical tensor, strided). LAYOUT_SOURCES="v1=FILE;..." adds CUDA fp8 builds
-    of other sources; LAYOUT_BALANCE="1,0" times the CUDA kernel's balanced and static
-    schedules; LAYOUT_ROUNDS repeats the whole row set (interleaved, for noise)."""
+    of other sources; LAYOUT_ROUNDS repeats the whole row set (interleaved, for noise)."""
     from tskernels.bench.cases.attention import _decode_bytes, _make_decode
     from tskernels.numerics import error_stats
     import tskernels.ops.attention as attn
@@ -618,7 +617,6 @@ def layout():
         (v.partition("=") for v in os.environ.get("LAYOUT_SOURCES", "").split(";") if v)]
     layouts = os.environ.get("LAYOUT_LAYOUTS", "nhd,hnd").split(",")
     rounds = int(os.environ.get("LAYOUT_ROUNDS", "2"))
-    balances = [bool(int(x)) for x in os.environ.get("LAYOUT_BALANCE", "1").split(",")]
     rows = []
 
     def hnd(c):
@@ -646,16 +644,13 @@ def layout():
                     runs, fn = _decode_runs(lsets, 0, None, lambda p: None)
                     cands[f"triton_bf16_{lay}"] = (fn, runs, runs[0])
                     continue
-                for (name, src), bal in itertools.product(sources, balances):
+                for name, src in sources:
                     cuda_decode.SOURCE = src
                     cuda_decode._modules.clear()
                     plans = [cuda_decode.CudaDecodePlan(
                         s["pt"], s["lens"], num_q_heads=32, num_kv_heads=8, head_dim=128,
                         page_size=s["kc"].shape[1], q_dtype=torch.bfloat16,
-                        kv_dtype=s["kc"].dtype, scale=128 ** -0.5, balance=bal)
-                        for s in lsets]
-                    if len(balances) > 1:
-                        name = f"{name}_{'bal' if bal else 'static'}"
+                        kv_dtype=s["kc"].dtype, scale=128 ** -0.5) for s in lsets]
                     cr = [dict(p=p, s=s, o=torch.empty_like(s["q"]))
                           for p, s in zip(plans, lsets)]
                     cfn = lambda r: r["p"].run(r["s"]["q"], r["s"]["kc"], r["s"]["vc"],  # noqa: E731

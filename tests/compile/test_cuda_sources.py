@@ -62,6 +62,18 @@ def test_cuda_decode_compiles(arch, tmp_path):
         assert r["spill_bytes"] < 256, r
 
 
+def test_cuda_decode_timing_build(tmp_path):
+    """The diagnostics build (-DTIMING, benchmarks/cta_timeline.py) compiles for sm_90 and
+    carries its timer reads; the shipped build has none (same source, macro off)."""
+    for extra, want in ((["-DTIMING=64"], True), ([], False)):
+        ptx = tmp_path / "t.ptx"
+        r = subprocess.run([NVCC, *cuda_decode.nvcc_options(2, 3), *extra, "-arch=compute_90",
+                            "-ptx", str(cuda_decode.SOURCE), "-o", str(ptx)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert ("%globaltimer" in ptx.read_text()) is want, extra
+
+
 WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16|f16)")
 TMA = re.compile(r"cp\.async\.bulk\.tensor\.2d")
 # (keys per tile, stages, fp16, paged): the shipped configs and the ones the GPU tier launches

@@ -36,7 +36,7 @@ def cuda_problem(draw):
                 kv_mode=draw(st.sampled_from(["per_tensor", "per_head"])),
                 num_splits=draw(st.one_of(st.none(), st.integers(1, 6))),
                 warps_stages=draw(st.sampled_from([None, (4, 2), (2, 3), (4, 3), (2, 4), (8, 2)])),
-                balance=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+                seed=draw(st.integers(0, 2**31 - 1)))
 
 
 def _run(c, out_override=None):
@@ -47,16 +47,14 @@ def _run(c, out_override=None):
     plan = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=c["hq"],
                             k_cache=kv.k_cache, q_dtype=c["dtype"], kv_scale_mode=c["kv_mode"],
                             num_splits=c["num_splits"], backend="cuda")
-    if c.get("warps_stages") is not None or not c.get("balance", True):
+    if c.get("warps_stages") is not None:
         from tskernels.ops.attention.cuda_decode import CudaDecodePlan
-        nw, ns = c.get("warps_stages") or (None, None)
+        nw, ns = c["warps_stages"]
         plan = CudaDecodePlan(kv.page_table, kv.seq_lens, num_q_heads=c["hq"],
                               num_kv_heads=c["hkv"], head_dim=c["d"],
                               page_size=c["page_size"], q_dtype=c["dtype"],
                               kv_dtype=kv.k_cache.dtype, scale=c["d"] ** -0.5,
-                              num_splits=c["num_splits"], num_warps=nw, num_stages=ns,
-                              balance=c.get("balance", True))
-        assert plan.balance is c.get("balance", True)
+                              num_splits=c["num_splits"], num_warps=nw, num_stages=ns)
     out = poisoned_like(q)
     o = plan.run(q, kv.k_cache, kv.v_cache, k_scale=kv.k_scale, v_scale=kv.v_scale, out=out)
     assert o is out
@@ -76,26 +74,20 @@ def test_cuda_decode_edges(page_size, group):
     """Every request empty but one, a single key, a full last page, with and without splits."""
     for lens in ([0, 0, 1], [page_size, 2 * page_size - 1, 0], [4100]):
         for ns in (None, 1, 3):
-            for balance in (True, False):
-                _run(dict(lens=lens, page_size=page_size, hq=2 * group, hkv=2, d=128,
-                          dtype=torch.bfloat16, kv_mode="per_head", num_splits=ns, seed=3,
-                          balance=balance))
+            _run(dict(lens=lens, page_size=page_size, hq=2 * group, hkv=2, d=128,
+                      dtype=torch.bfloat16, kv_mode="per_head", num_splits=ns, seed=3))
 
 
 @needs_cuda
-@pytest.mark.parametrize("balance", [True, False])
-def test_cuda_decode_graph_replay(balance):
-    """Captured once, replayed with new q / cache contents / lengths in the same buffers (the
-    balanced schedule's counters must be back at zero for every replay)."""
-    from tskernels.ops.attention.cuda_decode import CudaDecodePlan
+def test_cuda_decode_graph_replay():
+    """Captured once, replayed with new q / cache contents / lengths in the same buffers."""
     gen = torch.Generator().manual_seed(5)
     lens = [700, 33, 1500, 1]
     kv = make_paged(lens, 16, 2, 128, torch.bfloat16, "per_tensor", "cuda", gen)
     q = torch.randn(len(lens), 8, 128, generator=gen).to("cuda", torch.bfloat16)
-    plan = CudaDecodePlan(kv.page_table, kv.seq_lens, num_q_heads=8, num_kv_heads=2,
-                          head_dim=128, page_size=16, q_dtype=torch.bfloat16,
-                          kv_dtype=kv.k_cache.dtype, scale=128 ** -0.5, num_splits=3,
-                          balance=balance)
+    plan = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=8, k_cache=kv.k_cache,
+                            q_dtype=torch.bfloat16, kv_scale_mode="per_tensor", num_splits=3,
+                            backend="cuda")
     out = torch.empty_like(q)
     run = lambda: plan.run(q, kv.k_cache, kv.v_cache, k_scale=kv.k_scale,  # noqa: E731
                            v_scale=kv.v_scale, out=out)
@@ -113,41 +105,6 @@ def test_cuda_decode_graph_replay(balance):
         torch.cuda.synchronize()
         truth, same = ref_decode(q, kv, k_scale=kv.k_scale, v_scale=kv.v_scale)
         assert_close(out, truth, baseline=same, name=f"cuda decode replay {step}")
-
-
-@needs_cuda
-def test_cuda_decode_stealing():
-    """One long request among 15 of one key: the CTAs of the short pairs run dry at once and
-    steal slices from the long pairs (claims seen in the counters between the decode and the
-    merge); the merged result is right, the merge leaves every counter at zero, and a second
-    launch on the same plan is right again. Then deterministic=True plans the Triton kernel."""
-    gen = torch.Generator().manual_seed(11)
-    lens = [6000] + [1] * 15
-    kv = make_paged(lens, 16, 2, 128, torch.bfloat16, "per_tensor", "cuda", gen)
-    q = torch.randn(len(lens), 8, 128, generator=gen).to("cuda", torch.bfloat16)
-    plan = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=8, k_cache=kv.k_cache,
-                            q_dtype=torch.bfloat16, kv_scale_mode="per_tensor", num_splits=1,
-                            backend="cuda")
-    assert plan.balance
-    pairs = len(lens) * 2
-    truth, same = ref_decode(q, kv, k_scale=kv.k_scale, v_scale=kv.v_scale)
-    for attempt in range(2):
-        out = poisoned_like(q)
-        plan._decode(q, kv.k_cache, kv.v_cache, kv.k_scale, kv.v_scale, out)
-        torch.cuda.synchronize()
-        claims = plan.counters[pairs:].cpu()
-        assert claims[:2].min() > 0 and claims[2:].sum() == 0, claims
-        plan._merge(out)
-        torch.cuda.synchronize()
-        assert_close(out, truth, baseline=same, name=f"stolen slices, launch {attempt}")
-        assert int(plan.counters.abs().sum()) == 0
-    det = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=8, k_cache=kv.k_cache,
-                           q_dtype=torch.bfloat16, kv_scale_mode="per_tensor",
-                           deterministic=True)
-    assert type(det).__name__ == "DecodePlan", type(det)
-    o1 = det.run(q, kv.k_cache, kv.v_cache, k_scale=kv.k_scale, v_scale=kv.v_scale)
-    o2 = det.run(q, kv.k_cache, kv.v_cache, k_scale=kv.k_scale, v_scale=kv.v_scale)
-    assert torch.equal(o1, o2)
 
 
 @needs_cuda

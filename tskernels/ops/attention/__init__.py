@@ -73,17 +73,14 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads
                 scale: float | None = None, sliding_window: int | None = None,
                 softcap: float | None = None, sinks: bool = False,
                 kv_scale_mode: str | None = None, max_seq_len: int | None = None,
-                num_splits: int | None = None, backend: str | None = None,
-                deterministic: bool = False):
+                num_splits: int | None = None, backend: str | None = None):
     """Plan a batch of decode steps once; `plan.run(q, k_cache, v_cache, ...)` per layer.
 
     page_table int32 [B, max_pages] and seq_lens int32 [B] are kept by reference (update them
     in place between CUDA-graph replays). k_cache gives the cache's shape and dtype.
     kv_scale_mode: "per_tensor" / "per_head" for an fp8 cache. max_seq_len: the longest
     sequence the plan will see (sizes the split; default max_pages * page_size, no sync).
-    num_splits: override the split-KV factor. deterministic: only a kernel whose result does
-    not depend on timing (the CUDA fp8 kernel balances work at run time, so its last bits may
-    vary from run to run; this picks the Triton one). `run(q, k_cache, v_cache, *, sinks=None,
+    num_splits: override the split-KV factor. `run(q, k_cache, v_cache, *, sinks=None,
     k_scale=None, v_scale=None, out=None)` returns o [B, Hq, D]; with the Triton backend it
     neither synchronises nor allocates (given `out`), so it can be captured in a CUDA graph.
 
@@ -100,8 +97,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads
     _v.gqa(num_q_heads, hkv)
     _v.paged(page_table, seq_lens, B, k_cache.device)
     kern = _select_planned("decode", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
-                           sinks, kv_scale_mode, backend, batch=B,
-                           objective="deterministic" if deterministic else "default")
+                           sinks, kv_scale_mode, backend, batch=B)
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, page_size=page_size,
               q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
               sliding_window=sliding_window, softcap=softcap, max_seq_len=max_seq_len)
@@ -180,7 +176,7 @@ def _has_prefix(qo_indptr: torch.Tensor, seq_lens: torch.Tensor) -> bool:
 
 
 def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, sinks,
-                    kv_scale_mode, backend, batch=None, extra=None, objective="default"):
+                    kv_scale_mode, backend, batch=None, extra=None):
     _, page_size, hkv, d = k_cache.shape
     if (k_cache.dtype in _check.FP8) != (kv_scale_mode is not None):
         raise ValueError("kv_scale_mode: give 'per_tensor' or 'per_head' exactly when the "
@@ -191,7 +187,7 @@ def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, 
                           "kv_programs": None if batch is None else batch * hkv, "softcap": softcap is not None,
                           "sliding_window": sliding_window is not None, "sinks": sinks,
                           **(extra or {})},
-                  backend=backend, objective=objective)
+                  backend=backend)
 
 
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,

@@ -8,12 +8,6 @@ offers it for problems with those traits. Compiled at first use with NVRTC throu
 optional dependency, present on the GPU image), launched on torch's current stream, so a plan's
 `run` is CUDA-graph capturable. Split-KV partials are merged by the Triton decode's merge kernel.
 
-Schedule (`balance=`): by default the pairs' keys are shared out at run time, CTAs that ran
-dry stealing 32-key slices from the slowest pairs (per-pair counters in the plan's workspace,
-zeroed again by the merge that ends every launch); the summation order then depends on timing,
-so results may differ in the last bits from run to run, and the registration is not tagged
-deterministic. `balance=False` gives the fixed split (identical runs).
-
 Verification: run on the H200 (sm_90) by the GPU tier (tests/kernels/test_attention_cuda.py);
 sm_100 / sm_120 builds are compile-checked only (tests/compile/test_cuda_sources.py).
 """
@@ -29,8 +23,7 @@ import triton
 
 from ...platform import platform_of
 from ...registry import Capability, register
-from .triton_decode import (_balanced_merge_kernel, _merge_kernel, choose_splits,
-                            merge_warps, plan_args)
+from .triton_decode import _merge_kernel, choose_splits, merge_warps, plan_args
 
 SOURCE = Path(__file__).with_name("cuda") / "decode_fp8.cu"
 HEAD_DIM = 128
@@ -40,9 +33,6 @@ MAX_GROUP = 8
 # one wave but fits the 4-CTAs-per-SM wave of 2 warps x 3 stages (48 KB), that one is taken
 # (B=64 L=4k: 147.7 vs 164.2 us).
 DEFAULT_CONFIG, ONE_WAVE_CONFIG = (4, 2), (2, 3)
-# Balanced schedule: partial slots a pair keeps for CTAs that steal from it, beside its own
-# (split) CTAs' slots.
-MAX_STEAL = 4
 _lock = threading.Lock()
 _modules: dict[tuple, object] = {}
 _streams: dict[int, object] = {}
@@ -110,7 +100,7 @@ class CudaDecodePlan:
 
     def __init__(self, page_table, seq_lens, *, num_q_heads, num_kv_heads, head_dim, page_size,
                  q_dtype, kv_dtype, scale, sliding_window=None, softcap=None, max_seq_len=None,
-                 num_splits=None, num_warps=None, num_stages=None, balance=True):
+                 num_splits=None, num_warps=None, num_stages=None):
         if kv_dtype != torch.float8_e4m3fn:
             raise ValueError(f"CUDA decode: fp8-e4m3 caches only, got {kv_dtype}")
         if head_dim != HEAD_DIM:
@@ -143,16 +133,8 @@ class CudaDecodePlan:
             raise ValueError(f"CUDA decode: num_warps in (2, 4, 8), num_stages >= 2; got "
                              f"{self.num_warps}, {self.num_stages}")
         num_warps, num_stages = self.num_warps, self.num_stages
-        # balanced: the pairs' keys are shared out at run time (see decode_fp8.cu), every
-        # launch ends in the merge, which also zeroes the counters it leaves for the next one
-        # (the kernel's stealing makes the summation order, hence the last bits, depend on
-        # timing); static: a fixed split of each pair's keys, run to run identical
-        self.balance = bool(balance)
-        self.slots = self.num_splits + (MAX_STEAL if self.balance else 0)
-        self.counters = torch.zeros(2 * max(1, self.batch * num_kv_heads), dtype=torch.int32,
-                                    device=dev)
-        n = self.batch * num_q_heads * self.slots
-        if self.balance or self.num_splits > 1:
+        n = self.batch * num_q_heads * self.num_splits
+        if self.num_splits > 1:
             self.partial_o = torch.empty(n, head_dim, dtype=torch.float32, device=dev)
             self.partial_lse = torch.empty(n, dtype=torch.float32, device=dev)
         else:
@@ -165,51 +147,37 @@ class CudaDecodePlan:
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None):
         """q [B, Hq, 128] -> o [B, Hq, 128] (into `out` when given)."""
         check_run_args(self, q, k_cache, v_cache, sinks, k_scale, v_scale, out)
+        per_head = k_scale.numel() > 1
+        B = self.batch
         o = torch.empty_like(q) if out is None else out
-        if self.batch == 0:
+        if B == 0:
             return o
-        self._decode(q, k_cache, v_cache, k_scale, v_scale, o)
-        self._merge(o)
-        return o
-
-    def _decode(self, q, k_cache, v_cache, k_scale, v_scale, o):
-        """The decode kernel alone: o directly (static schedule, one split) or the partials."""
-        split = self.balance or self.num_splits > 1
+        split = self.num_splits > 1
         po = self.partial_o if split else o
         plse = self.partial_lse if split else self.seq_lens
         args = (_ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(self.page_table),
                 _ptr(self.seq_lens), _ptr(k_scale), _ptr(v_scale), _ptr(o), _ptr(po),
-                _ptr(plse), _ptr(self.counters), np.float32(self.scale),
-                np.int32(self.num_splits), np.int32(self.slots), np.int32(self.balance),
+                _ptr(plse), np.float32(self.scale), np.int32(self.num_splits),
                 np.int32(self.group), np.int32(self.page_size),
                 np.int32(self.page_size.bit_length() - 1
                          if self.page_size & (self.page_size - 1) == 0 else -1),
-                np.int32(k_scale.numel() > 1),
+                np.int32(per_head),
                 np.int32(q.dtype == torch.bfloat16),
                 *(np.int64(s) for s in (q.stride(0), q.stride(1), k_cache.stride(0),
                                         k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
                                         v_cache.stride(1), v_cache.stride(2),
                                         self.page_table.stride(0), o.stride(0), o.stride(1))))
         with _cupy_stream(q.device):
-            self._fn((self.num_splits, self.hkv, self.batch), (32 * self.num_warps,), args,
+            self._fn((self.num_splits, self.hkv, B), (32 * self.num_warps,), args,
                      shared_mem=self._smem)
-
-    def _merge(self, o):
-        """The partials into o (balanced: also zeroes the counters for the next launch)."""
-        pdl = {"launch_pdl": True} if self.pdl else {}
-        B = self.batch
-        if self.balance:
-            bs = triton.next_power_of_2(self.slots)
-            _balanced_merge_kernel[(self.hkv, B)](
-                self.partial_o, self.partial_lse, self.counters, o, self.num_splits, self.slots,
-                self.group, self.hq, B * self.hkv, o.stride(0), o.stride(1), D=self.d,
-                BLOCK_S=bs, PDL=self.pdl, num_warps=merge_warps(bs, self.d), **pdl)
-        elif self.num_splits > 1:
+        if split:
             bs = max(2, triton.next_power_of_2(self.num_splits))
             _merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, self.num_splits, self.hq,
                 o.stride(0), o.stride(1), D=self.d, BLOCK_D=self.d, BLOCK_S=bs, SINKS=False,
-                PDL=self.pdl, num_warps=merge_warps(bs, self.d), **pdl)
+                PDL=self.pdl, num_warps=merge_warps(bs, self.d),
+                **({"launch_pdl": True} if self.pdl else {}))
+        return o
 
 
 def check_run_args(plan, q, k_cache, v_cache, sinks, k_scale, v_scale, out) -> None:
@@ -267,7 +235,7 @@ PREFER = {"kv_programs": lambda n: n >= 64}
           capability=Capability(vendors=frozenset({"nvidia"}), min_sm=89,
                                 modules=frozenset({"cupy"})),
           formats={"q": ("fp16", "bf16"), "kv": ("fp8_e4m3:per_tensor", "fp8_e4m3:per_head")},
-          traits=TRAITS, band="specialized", tags=("latency", "throughput"),
+          traits=TRAITS, band="specialized", tags=("deterministic", "latency", "throughput"),
           compiled=("sm_90", "sm_100", "sm_120"), prefer=PREFER)
 def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale, sliding_window=None,
            softcap=None, sinks=None, k_scale=None, v_scale=None):

@@ -317,33 +317,6 @@ def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                     ROW, SINKS, False)
 
 
-@triton.jit
-def _balanced_merge_kernel(po_ptr, plse_ptr, cnt_ptr, o_ptr, owners, slots, G, H, num_pairs,
-                           o_sb, o_sh, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                           PDL: tl.constexpr = False):
-    """Grid (KV heads, B): the partials of one (request, KV head) pair whose keys the decode's
-    CTAs shared out at run time (the CUDA fp8 decode's balanced schedule): `owners` slots from
-    its own CTAs, then one per CTA that stole from it (cnt[num_pairs + pair] claims, at most
-    slots - owners were granted). Merges the slots of the pair's G query heads (rows
-    (b * H + h) * slots + s), then zeroes the pair's slice counter cnt[pair] and its claims (read
-    and zeroed in one atomic) for the next launch. PDL: as _merge_kernel."""
-    if PDL:
-        gdc_wait()
-    kvh = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    pair = b * tl.num_programs(0) + kvh
-    claims = tl.atomic_xchg(cnt_ptr + num_pairs + pair, 0)
-    tl.store(cnt_ptr + pair, 0)
-    sidx = tl.arange(0, BLOCK_S)
-    sm = sidx < owners + tl.minimum(claims, slots - owners)
-    d = tl.arange(0, D)
-    for g in range(G):
-        h = kvh * G + g
-        rows = (b * H + h) * slots + sidx
-        _merge_head(po_ptr, plse_ptr, po_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh, D, D,
-                    False, False)
-
-
 MERGE_TILE = 4096  # fp32 values one merge program holds comfortably
 
 
@@ -581,13 +554,6 @@ def _cases():
                            label="merge_mla_chunks"))
     out.append(CompileCase(_merge_kernel, msig, dict(mc, PDL=True), num_warps=1,
                            label="merge_pdl", targets=nvidia))
-    bsig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "cnt_ptr": "*i32", "o_ptr": "*bf16",
-            "owners": "i32", "slots": "i32", "G": "i32", "H": "i32", "num_pairs": "i32",
-            "o_sb": "i32", "o_sh": "i32"}
-    for pdl in (False, True):
-        out.append(CompileCase(_balanced_merge_kernel, bsig, dict(D=128, BLOCK_S=8, PDL=pdl),
-                               num_warps=1, label="balanced_merge" + ("_pdl" if pdl else ""),
-                               targets=nvidia if pdl else None))
     return out
 
 

@@ -151,353 +151,259 @@ __device__ __forceinline__ unsigned long long gtime() {
 #define STAMP(i) do {} while (0)
 #endif
 
-#ifndef MIN_STEAL
-#define MIN_STEAL (2 * NW)     // slices a pair must have left to be worth a stealing CTA
-#endif
-
-// Work is counted in 32-key slices of a pair (request b, KV head kvh), p = b * hkv + kvh.
-//  * static schedule (balance == 0): warp w of split s takes slices lo + w, lo + w + NW, ...
-//    of the split's range; the result does not depend on timing;
-//  * balanced schedule (balance != 0): the pair's slices are handed out at run time. Owner
-//    warp w of split s starts on slice NW * s + w, then takes slice cnt[p]++ + NW * splits
-//    (asked one tile ahead, so the atomic's latency hides behind a tile). A CTA whose pair ran
-//    dry steals: warp 0 reads the counters of up to 4 x 32 other pairs, claims a partial slot
-//    on the one with the most slices left whose slots are not all claimed (cnt[P + p]++, at
-//    most slots - splits claims), and the whole CTA continues there with that pair's q.
-//    CTAs thus end within about a tile of each
-//    other instead of trailing behind the slowest SMs (H200, B=64 L=4k: one wave of 512 CTAs
-//    whose last tenth ran on half of them; results/h200/cta_timeline_s9b.json). Every CTA
-//    writes one partial per pair it worked on (slot = its split, or splits + its claim); the
-//    merge combines the slots a pair got and zeroes the pair's two counters for the next launch.
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB)
 decode_fp8_kernel(const u16* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,
                   const int* __restrict__ pt, const int* __restrict__ lens,
                   const float* __restrict__ ks, const float* __restrict__ vs,
                   u16* __restrict__ out, float* __restrict__ po, float* __restrict__ plse,
-                  int* __restrict__ cnt,
-                  float sm_scale, int num_splits, int slots, int balance, int G, int page_size,
-                  int page_shift, int per_head, int q_bf16,
+                  float sm_scale, int num_splits, int G, int page_size, int page_shift,
+                  int per_head, int q_bf16,
                   long long q_sb, long long q_sh, long long k_sp, long long k_ss, long long k_sh,
                   long long v_sp, long long v_ss, long long v_sh, long long pt_sb,
                   long long o_sb, long long o_sh) {
     extern __shared__ __align__(128) u8 smem[];
-    __shared__ int pick[2];
     if (threadIdx.x == 0) STAMP(0);
 #if __CUDA_ARCH__ >= 900
     // the split-KV merge is a programmatic dependent launch: let it be scheduled now (it
     // waits for this grid's completion and memory before reading the partials)
     asm volatile("griddepcontrol.launch_dependents;\n");
 #endif
-    const int split = blockIdx.x, hkv = gridDim.y;
-    const int hq = hkv * G, npairs = hkv * gridDim.z;
+    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int hq = gridDim.y * G;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
+    const int L = lens[b];
+    const int per = (L + num_splits - 1) / num_splits;
+    const int chunk = (per + TK - 1) / TK * TK;
+    const int start = split * chunk;
+    const int end = min(start + chunk, L);
     const float LOG2E = 1.4426950408889634f;
-    const int base = NW * num_splits;  // balanced: the owners' first slices precede the counter's
-    const u32 wbase = smem_addr(smem) + (u32)(warp * STAGES * WARP_STAGE);
-    const int col = lane % CHUNKS;
-    int b = blockIdx.z, kvh = blockIdx.y, slot = split;
-    bool first_pair = true;
 
-    for (;;) {
-        const int pair = b * hkv + kvh;
-        const int L = lens[b];
-        int* const counter = cnt + pair;
-        // this warp's slices: increasing, valid while < s_hi
-        int s_hi, sa;
-        if (balance) {
-            s_hi = (L + 31) >> 5;
-            if (slot < num_splits) {
-                sa = NW * slot + warp;
-            } else {
-                int v = 0;
-                if (lane == 0) v = atomicAdd(counter, 1);
-                sa = __shfl_sync(0xffffffffu, v, 0) + base;
-            }
-        } else {
-            const int per = (L + num_splits - 1) / num_splits;
-            const int chunk = (per + TK - 1) / TK * TK;
-            const int start = split * chunk;
-            const int end = min(start + chunk, L);
-            s_hi = start < end ? (end + 31) >> 5 : 0;
-            sa = (start >> 5) + warp;
-        }
-        int pend = 0;  // lane 0 (balanced): the counter's answer for the slice after sa
-        if (balance && lane == 0 && sa < s_hi) pend = atomicAdd(counter, 1);
-
-        // ---- q as two e4m3 rows per head (thread (g, t) holds head g's columns 4t.. of each
-        //      16-wide half of every 32-wide k-step)
-        u32 qa[HD / 32][4];
-        float inv_hi = 0.f, inv_lo = 0.f;
-        {
-            float x[HD / 32][2][4];
-            float mx = 0.f;
-            const u16* qrow = q + (long long)b * q_sb + (long long)(kvh * G + (g < G ? g : 0)) * q_sh;
-            for (int s = 0; s < HD / 32; ++s)
-                for (int h = 0; h < 2; ++h)
-                    for (int i = 0; i < 4; ++i) {
-                        float v = g < G ? load_q(qrow + 32 * s + 16 * h + 4 * t + i, q_bf16) : 0.f;
-                        x[s][h][i] = v;
-                        mx = fmaxf(mx, fabsf(v));
-                    }
-            mx = quad_max(mx);
-            const float qs = mx > 0.f ? 448.f / mx : 1.f;
-            // the residual's scale from its own max |q * qs - hi|
-            float rmx = 0.f;
-            for (int s = 0; s < HD / 32; ++s)
-                for (int h = 0; h < 2; ++h) {
-                    float y0 = x[s][h][0] * qs, y1 = x[s][h][1] * qs;
-                    float y2 = x[s][h][2] * qs, y3 = x[s][h][3] * qs;
-                    float b0, b1, b2, b3;
-                    e4m3x2_to_f32(e4m3x2(y0, y1), b0, b1);
-                    e4m3x2_to_f32(e4m3x2(y2, y3), b2, b3);
-                    rmx = fmaxf(rmx, fmaxf(fmaxf(fabsf(y0 - b0), fabsf(y1 - b1)),
-                                           fmaxf(fabsf(y2 - b2), fabsf(y3 - b3))));
+    // ---- q as two e4m3 rows per head (thread (g, t) holds head g's columns 4t.. of each
+    //      16-wide half of every 32-wide k-step)
+    u32 qa[HD / 32][4];
+    float inv_hi = 0.f, inv_lo = 0.f;
+    {
+        float x[HD / 32][2][4];
+        float mx = 0.f;
+        const u16* qrow = q + (long long)b * q_sb + (long long)(kvh * G + (g < G ? g : 0)) * q_sh;
+        for (int s = 0; s < HD / 32; ++s)
+            for (int h = 0; h < 2; ++h)
+                for (int i = 0; i < 4; ++i) {
+                    float v = g < G ? load_q(qrow + 32 * s + 16 * h + 4 * t + i, q_bf16) : 0.f;
+                    x[s][h][i] = v;
+                    mx = fmaxf(mx, fabsf(v));
                 }
-            rmx = quad_max(rmx);
-            const float rs = rmx > 0.f ? 448.f / rmx : 1.f;
-            for (int s = 0; s < HD / 32; ++s) {
-                split4(x[s][0], qs, rs, qa[s][0], qa[s][1]);
-                split4(x[s][1], qs, rs, qa[s][2], qa[s][3]);
-                if (g >= G) qa[s][0] = qa[s][1] = qa[s][2] = qa[s][3] = 0u;
+        mx = quad_max(mx);
+        const float qs = mx > 0.f ? 448.f / mx : 1.f;
+        // the residual's scale from its own max |q * qs - hi|
+        float rmx = 0.f;
+        for (int s = 0; s < HD / 32; ++s)
+            for (int h = 0; h < 2; ++h) {
+                float y0 = x[s][h][0] * qs, y1 = x[s][h][1] * qs;
+                float y2 = x[s][h][2] * qs, y3 = x[s][h][3] * qs;
+                float b0, b1, b2, b3;
+                e4m3x2_to_f32(e4m3x2(y0, y1), b0, b1);
+                e4m3x2_to_f32(e4m3x2(y2, y3), b2, b3);
+                rmx = fmaxf(rmx, fmaxf(fmaxf(fabsf(y0 - b0), fabsf(y1 - b1)),
+                                       fmaxf(fabsf(y2 - b2), fabsf(y3 - b3))));
             }
-            const float kscale = ks[per_head ? kvh : 0];
-            const float qk = sm_scale * kscale * LOG2E;
-            inv_hi = qk / qs;
-            inv_lo = qk / (qs * rs);
+        rmx = quad_max(rmx);
+        const float rs = rmx > 0.f ? 448.f / rmx : 1.f;
+        for (int s = 0; s < HD / 32; ++s) {
+            split4(x[s][0], qs, rs, qa[s][0], qa[s][1]);
+            split4(x[s][1], qs, rs, qa[s][2], qa[s][3]);
+            if (g >= G) qa[s][0] = qa[s][1] = qa[s][2] = qa[s][3] = 0u;
         }
+        const float kscale = ks[per_head ? kvh : 0];
+        const float qk = sm_scale * kscale * LOG2E;
+        inv_hi = qk / qs;
+        inv_lo = qk / (qs * rs);
+    }
 
-        // ---- Each warp streams its slices through its own STAGES-deep cp.async ring (no
-        //      CTA-wide barrier in the loop: the warps drift and overlap each other's latency).
-        //      Lane copies rows lane / CHUNKS + 4 u (u < 8), 16-byte column lane % CHUNKS, of
-        //      K and of V.
-        const int* ptrow = pt + (long long)b * pt_sb;
-        const u8* kbase = kc + (long long)kvh * k_sh;
-        const u8* vbase = vc + (long long)kvh * v_sh;
-        // Page ids are loaded one tile ahead of the copies that use them: issued right before
-        // the copies, their loads wait behind earlier copies in the memory pipeline.
-        int pages[8];
-        auto load_pages = [&](int sl) {
+    // ---- Each warp streams its own keys through its own STAGES-deep cp.async ring (no
+    //      CTA-wide barrier in the loop: the warps drift and overlap each other's latency).
+    //      Warp w takes keys start + TK * i + 32 w .. + 31 of tile i; lane copies rows
+    //      lane / CHUNKS + 4 u (u < 8), 16-byte column lane % CHUNKS, of K and of V.
+    const u32 wbase = smem_addr(smem) + (u32)(warp * STAGES * WARP_STAGE);
+    const int* ptrow = pt + (long long)b * pt_sb;
+    const u8* kbase = kc + (long long)kvh * k_sh;
+    const u8* vbase = vc + (long long)kvh * v_sh;
+    const int first = start + 32 * warp;
+    const int nt = first < end ? (end - first + TK - 1) / TK : 0;  // this warp's tiles
+    const int col = lane % CHUNKS;
+    // Page ids are loaded one tile ahead of the copies that use them: issued right before
+    // the copies, their loads wait behind earlier copies in the memory pipeline.
+    int pages[8];
+    auto load_pages = [&](int tile) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int key = first + tile * TK + lane / CHUNKS + 4 * u;
+            const int pi = page_shift >= 0 ? key >> page_shift : key / page_size;
+            pages[u] = (tile < nt && key < end) ? __ldg(ptrow + pi) : 0;
+        }
+    };
+    auto issue = [&](int tile) {
+        if (tile < nt) {
+            const int k0 = first + tile * TK;
+            const u32 st = wbase + (u32)((tile % STAGES) * WARP_STAGE);
+            int cur[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) cur[u] = pages[u];
+            load_pages(tile + 1);
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
-                const int key = 32 * sl + lane / CHUNKS + 4 * u;
-                const int pi = page_shift >= 0 ? key >> page_shift : key / page_size;
-                pages[u] = (sl < s_hi && key < L) ? __ldg(ptrow + pi) : 0;
+                const int row = lane / CHUNKS + 4 * u;
+                const int key = k0 + row;
+                const bool ok = key < end;
+                const long long page = cur[u];
+                const int slot = page_shift >= 0 ? key & (page_size - 1) : key % page_size;
+                const u32 off = (u32)(row * HD + ((col ^ (row & 7)) * 16));
+                const u8* ks_ = kbase + page * k_sp + (long long)slot * k_ss + col * 16;
+                const u8* vs_ = vbase + page * v_sp + (long long)slot * v_ss + col * 16;
+                cp_async16(st + off, ok ? ks_ : kc, ok ? 16 : 0);
+                cp_async16(st + 32 * HD + off, ok ? vs_ : vc, ok ? 16 : 0);
             }
-        };
-        int n_issued = 0;
-        // copies slice sa into the next stage, moves sa on (page ids loaded for it); returns
-        // the slice copied (>= s_hi: none, and none after it)
-        auto issue = [&]() -> int {
-            const int cur = sa;
-            if (cur < s_hi) {
-                const u32 st = wbase + (u32)((n_issued % STAGES) * WARP_STAGE);
-                int pg[8];
-#pragma unroll
-                for (int u = 0; u < 8; ++u) pg[u] = pages[u];
-                if (balance) {
-                    sa = __shfl_sync(0xffffffffu, pend, 0) + base;
-                    if (lane == 0 && sa < s_hi) pend = atomicAdd(counter, 1);
-                } else {
-                    sa = cur + NW;
-                }
-                load_pages(sa);
-#pragma unroll
-                for (int u = 0; u < 8; ++u) {
-                    const int row = lane / CHUNKS + 4 * u;
-                    const int key = 32 * cur + row;
-                    const bool ok = key < L;
-                    const long long page = pg[u];
-                    const int slot_ = page_shift >= 0 ? key & (page_size - 1) : key % page_size;
-                    const u32 off = (u32)(row * HD + ((col ^ (row & 7)) * 16));
-                    const u8* ks_ = kbase + page * k_sp + (long long)slot_ * k_ss + col * 16;
-                    const u8* vs_ = vbase + page * v_sp + (long long)slot_ * v_ss + col * 16;
-                    cp_async16(st + off, ok ? ks_ : kc, ok ? 16 : 0);
-                    cp_async16(st + 32 * HD + off, ok ? vs_ : vc, ok ? 16 : 0);
-                }
-            }
-            ++n_issued;
-            cp_async_commit();
-            return cur;
-        };
-        load_pages(sa);
-
-        float m = NEG_INF, l = 0.f;
-        float acc[2 * CHUNKS][4];
-#pragma unroll
-        for (int n = 0; n < 2 * CHUNKS; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-
-        int fifo[STAGES];  // the slices of the tiles in flight, oldest first
-#pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) fifo[s] = issue();
-
-        for (int it = 0;; ++it) {
-            cp_async_wait<STAGES - 2>();
-            __syncwarp();
-            if (it == 0 && first_pair && threadIdx.x == 0) STAMP(1);
-            const int sl = fifo[0];
-            if (sl >= s_hi) break;
-            fifo[STAGES - 1] = issue();  // into the stage this warp finished with last iteration
-            const int kb = 32 * sl;  // the tile's first key
-            {
-                const u32 sk = wbase + (u32)((it % STAGES) * WARP_STAGE);
-                const u32 sv = sk + 32 * HD;
-                // s = q K^T for keys kb + 8j + (0..7): accumulator rows g (hi) / g + 8 (lo)
-                float c[4][4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
-                    const int row = 8 * j + (lane & 7);
-#pragma unroll
-                    for (int h = 0; h < HD / 64; ++h) {
-                        const int ch = 4 * h + (lane >> 3);
-                        u32 r0, r1, r2, r3;
-                        ldsm_x4(sk + (u32)(row * HD + ((ch ^ (row & 7)) * 16)), r0, r1, r2, r3);
-                        mma_e4m3(c[j], qa[2 * h], r0, r1);
-                        mma_e4m3(c[j], qa[2 * h + 1], r2, r3);
-                    }
-                }
-                float sv_[4][2];
-                float mx = NEG_INF;
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int key = kb + 8 * j + 2 * t + e;
-                        float x = c[j][e] * inv_hi + c[j][2 + e] * inv_lo;
-                        x = key < L ? x : NEG_INF;
-                        sv_[j][e] = x;
-                        mx = fmaxf(mx, x);
-                    }
-                mx = quad_max(mx);
-                const float m_new = fmaxf(m, mx);
-                const float alpha = exp2f(m - m_new);
-                float p[4][2];
-                float psum = 0.f;
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        p[j][e] = exp2f(sv_[j][e] - m_new);
-                        psum += p[j][e];
-                    }
-                l = l * alpha + psum;
-                m = m_new;
-                if (__any_sync(0xffffffffu, alpha != 1.f)) {  // the max moved: rescale
-#pragma unroll
-                    for (int n = 0; n < 2 * CHUNKS; ++n) {
-                        acc[n][0] *= alpha; acc[n][1] *= alpha;
-                        acc[n][2] *= alpha; acc[n][3] *= alpha;
-                    }
-                }
-                // P as the A operand: slots 4t..4t+3 <- keys 2t, 2t+1, 8+2t, 9+2t (n-tiles 0, 1),
-                // slots 16+4t.. <- n-tiles 2, 3; rows g = hi (p * 256), g + 8 = lo (residual * 16)
-                u32 pa[4];
-                {
-                    const float x0[4] = {p[0][0], p[0][1], p[1][0], p[1][1]};
-                    const float x1[4] = {p[2][0], p[2][1], p[3][0], p[3][1]};
-                    split4(x0, 256.f, 16.f, pa[0], pa[1]);
-                    split4(x1, 256.f, 16.f, pa[2], pa[3]);
-                }
-                // V^T blocks: 4 matrices = key rows 0-7 / 8-15 / 16-23 / 24-31 of 16-byte chunk c
-                const int vrow = 8 * (lane >> 3) + (lane & 7);
-#pragma unroll
-                for (int c2 = 0; c2 < CHUNKS; ++c2) {
-                    u32 r0, r1, r2, r3;
-                    ldsm_x4_t(sv + (u32)(vrow * HD + ((c2 ^ (vrow & 7)) * 16)), r0, r1, r2, r3);
-                    mma_e4m3(acc[2 * c2], pa, prmt(r0, r1, 0x6420u), prmt(r2, r3, 0x6420u));
-                    mma_e4m3(acc[2 * c2 + 1], pa, prmt(r0, r1, 0x7531u), prmt(r2, r3, 0x7531u));
-                }
-            }
-#pragma unroll
-            for (int s = 0; s < STAGES - 1; ++s) fifo[s] = fifo[s + 1];
         }
-        cp_async_wait<0>();
-        if (first_pair && threadIdx.x == 0) STAMP(2);
-        __syncthreads();  // every warp is done with its ring: reuse it for the combine
+        cp_async_commit();
+    };
+    load_pages(0);
 
-        // ---- combine the warps: per warp and head, m (log2 domain), l and the unnormalised o
-        float* wm = reinterpret_cast<float*>(smem);            // [NW][8]
-        float* wl = wm + NW * 8;                               // [NW][8]
-        float* wo = wl + NW * 8;                               // [NW][8][HD]
-        l = quad_sum(l);
-        if (g < G) {
-            if (t == 0) {
-                wm[warp * 8 + g] = m;
-                wl[warp * 8 + g] = l;
+    float m = NEG_INF, l = 0.f;
+    float acc[2 * CHUNKS][4];
+#pragma unroll
+    for (int n = 0; n < 2 * CHUNKS; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
+
+    for (int it = 0; it < nt; ++it) {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp();
+        if (it == 0 && threadIdx.x == 0) STAMP(1);
+        issue(it + STAGES - 1);  // into the stage this warp finished with last iteration
+        const int kb = first + it * TK;  // this warp's first key of the tile
+        {
+            const u32 sk = wbase + (u32)((it % STAGES) * WARP_STAGE);
+            const u32 sv = sk + 32 * HD;
+            // s = q K^T for keys kb + 8j + (0..7): accumulator rows g (hi) / g + 8 (lo)
+            float c[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+                const int row = 8 * j + (lane & 7);
+#pragma unroll
+                for (int h = 0; h < HD / 64; ++h) {
+                    const int ch = 4 * h + (lane >> 3);
+                    u32 r0, r1, r2, r3;
+                    ldsm_x4(sk + (u32)(row * HD + ((ch ^ (row & 7)) * 16)), r0, r1, r2, r3);
+                    mma_e4m3(c[j], qa[2 * h], r0, r1);
+                    mma_e4m3(c[j], qa[2 * h + 1], r2, r3);
+                }
             }
-            // acc[2c] holds d = 16c + 4t (+0, +2), acc[2c + 1] d = 16c + 4t + 1 (+3)
+            float sv_[4][2];
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = kb + 8 * j + 2 * t + e;
+                    float x = c[j][e] * inv_hi + c[j][2 + e] * inv_lo;
+                    x = key < end ? x : NEG_INF;
+                    sv_[j][e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = quad_max(mx);
+            const float m_new = fmaxf(m, mx);
+            const float alpha = exp2f(m - m_new);
+            float p[4][2];
+            float psum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    p[j][e] = exp2f(sv_[j][e] - m_new);
+                    psum += p[j][e];
+                }
+            l = l * alpha + psum;
+            m = m_new;
+            if (__any_sync(0xffffffffu, alpha != 1.f)) {  // the max moved: rescale
+#pragma unroll
+                for (int n = 0; n < 2 * CHUNKS; ++n) {
+                    acc[n][0] *= alpha; acc[n][1] *= alpha;
+                    acc[n][2] *= alpha; acc[n][3] *= alpha;
+                }
+            }
+            // P as the A operand: slots 4t..4t+3 <- keys 2t, 2t+1, 8+2t, 9+2t (n-tiles 0, 1),
+            // slots 16+4t.. <- n-tiles 2, 3; rows g = hi (p * 256), g + 8 = lo (residual * 16)
+            u32 pa[4];
+            {
+                const float x0[4] = {p[0][0], p[0][1], p[1][0], p[1][1]};
+                const float x1[4] = {p[2][0], p[2][1], p[3][0], p[3][1]};
+                split4(x0, 256.f, 16.f, pa[0], pa[1]);
+                split4(x1, 256.f, 16.f, pa[2], pa[3]);
+            }
+            // V^T blocks: 4 matrices = key rows 0-7 / 8-15 / 16-23 / 24-31 of 16-byte chunk c
+            const int vrow = 8 * (lane >> 3) + (lane & 7);
 #pragma unroll
             for (int c2 = 0; c2 < CHUNKS; ++c2) {
-                float* dst = wo + (warp * 8 + g) * HD + 16 * c2 + 4 * t;
-                dst[0] = (acc[2 * c2][0] + acc[2 * c2][2] * (1.f / 16.f)) * (1.f / 256.f);
-                dst[2] = (acc[2 * c2][1] + acc[2 * c2][3] * (1.f / 16.f)) * (1.f / 256.f);
-                dst[1] = (acc[2 * c2 + 1][0] + acc[2 * c2 + 1][2] * (1.f / 16.f)) * (1.f / 256.f);
-                dst[3] = (acc[2 * c2 + 1][1] + acc[2 * c2 + 1][3] * (1.f / 16.f)) * (1.f / 256.f);
+                u32 r0, r1, r2, r3;
+                ldsm_x4_t(sv + (u32)(vrow * HD + ((c2 ^ (vrow & 7)) * 16)), r0, r1, r2, r3);
+                mma_e4m3(acc[2 * c2], pa, prmt(r0, r1, 0x6420u), prmt(r2, r3, 0x6420u));
+                mma_e4m3(acc[2 * c2 + 1], pa, prmt(r0, r1, 0x7531u), prmt(r2, r3, 0x7531u));
             }
         }
-        __syncthreads();
-        const float vscale = vs[per_head ? kvh : 0];
-        for (int idx = tid; idx < G * HD; idx += NW * 32) {
-            const int h = idx / HD, d = idx % HD;
-            float M = NEG_INF;
-#pragma unroll
-            for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w * 8 + h]);
-            float num = 0.f, den = 0.f;
-            if (M != NEG_INF) {
-#pragma unroll
-                for (int w = 0; w < NW; ++w) {
-                    const float f = exp2f(wm[w * 8 + h] - M);
-                    num += f * wo[(w * 8 + h) * HD + d];
-                    den += f * wl[w * 8 + h];
-                }
-            }
-            const float o = den > 0.f ? num / den * vscale : 0.f;
-            const int qh = kvh * G + h;
-            if (!balance && num_splits == 1) {
-                out[(long long)b * o_sb + (long long)qh * o_sh + d] = store_q(o, q_bf16);
-            } else {
-                const long long row = ((long long)b * hq + qh) * slots + slot;
-                po[row * HD + d] = o;
-                if (d == 0)
-                    plse[row] = den > 0.f ? (M + log2f(den)) * 0.6931471805599453f : NEG_INF;
-            }
-        }
-        if (!balance) break;
+    }
+    cp_async_wait<0>();
+    if (threadIdx.x == 0) STAMP(2);
+    __syncthreads();  // every warp is done with its ring: reuse it for the combine
 
-        // ---- steal: warp 0 picks the pair with the most slices left among up to 4 x 32
-        //      others (spread over all pairs) and claims a partial slot on it
-        __syncthreads();  // the combine's shared buffers are read: the ring may be refilled
-        if (warp == 0) {
-            int victim = -1, vslot = 0;
-            const int step = max(1, npairs / 32);
-            for (int r = 0; r < 4 && victim < 0; ++r) {
-                const int c = (pair + 1 + r + lane * step) % npairs;
-                const int left = ((__ldg(lens + c / hkv) + 31) >> 5) - (__ldcg(cnt + c) + base);
-                const bool open = __ldcg(cnt + npairs + c) < slots - num_splits;  // claims left
-                int best = left >= MIN_STEAL && open ? left : 0, who = c;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-                    const int ow = __shfl_xor_sync(0xffffffffu, who, o);
-                    if (ob > best || (ob == best && ow < who)) { best = ob; who = ow; }
-                }
-                if (best == 0) continue;
-                int claim = 0;
-                if (lane == 0) claim = atomicAdd(cnt + npairs + who, 1);
-                claim = __shfl_sync(0xffffffffu, claim, 0);
-                if (claim < slots - num_splits) { victim = who; vslot = num_splits + claim; }
-            }
-            if (lane == 0) { pick[0] = victim; pick[1] = vslot; }
+    // ---- combine the warps: per warp and head, m (log2 domain), l and the unnormalised o
+    float* wm = reinterpret_cast<float*>(smem);            // [NW][8]
+    float* wl = wm + NW * 8;                               // [NW][8]
+    float* wo = wl + NW * 8;                               // [NW][8][HD]
+    l = quad_sum(l);
+    if (g < G) {
+        if (t == 0) {
+            wm[warp * 8 + g] = m;
+            wl[warp * 8 + g] = l;
         }
-        __syncthreads();
-        const int victim = pick[0];
-        if (victim < 0) break;
-        b = victim / hkv;
-        kvh = victim % hkv;
-        slot = pick[1];
-        first_pair = false;
-        __syncthreads();  // pick[] is read by all before a later round rewrites it
+        // acc[2c] holds d = 16c + 4t (+0, +2), acc[2c + 1] d = 16c + 4t + 1 (+3)
+#pragma unroll
+        for (int c2 = 0; c2 < CHUNKS; ++c2) {
+            float* dst = wo + (warp * 8 + g) * HD + 16 * c2 + 4 * t;
+            dst[0] = (acc[2 * c2][0] + acc[2 * c2][2] * (1.f / 16.f)) * (1.f / 256.f);
+            dst[2] = (acc[2 * c2][1] + acc[2 * c2][3] * (1.f / 16.f)) * (1.f / 256.f);
+            dst[1] = (acc[2 * c2 + 1][0] + acc[2 * c2 + 1][2] * (1.f / 16.f)) * (1.f / 256.f);
+            dst[3] = (acc[2 * c2 + 1][1] + acc[2 * c2 + 1][3] * (1.f / 16.f)) * (1.f / 256.f);
+        }
+    }
+    __syncthreads();
+    const float vscale = vs[per_head ? kvh : 0];
+    for (int idx = tid; idx < G * HD; idx += NW * 32) {
+        const int h = idx / HD, d = idx % HD;
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w * 8 + h]);
+        float num = 0.f, den = 0.f;
+        if (M != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                const float f = exp2f(wm[w * 8 + h] - M);
+                num += f * wo[(w * 8 + h) * HD + d];
+                den += f * wl[w * 8 + h];
+            }
+        }
+        const float o = den > 0.f ? num / den * vscale : 0.f;
+        const int qh = kvh * G + h;
+        if (num_splits == 1) {
+            out[(long long)b * o_sb + (long long)qh * o_sh + d] = store_q(o, q_bf16);
+        } else {
+            const long long row = ((long long)b * hq + qh) * num_splits + split;
+            po[row * HD + d] = o;
+            if (d == 0)
+                plse[row] = den > 0.f ? (M + log2f(den)) * 0.6931471805599453f : NEG_INF;
+        }
     }
 #ifdef TIMING
     __syncthreads();
