@@ -48,10 +48,11 @@ def _decode_runs(sets, fp8, num_splits, configure):
     return runs, fn
 
 
-def _decode_sets(shape):
+def _decode_sets(shape, keep_contiguous=False):
     """Input sets for one decode shape (up to 8, ~256 MB rotated past L2), the bytes one call
     reads, fp32 SDPA of set 0 on its contiguous K/V (the accuracy reference) and the plan a
-    caller would get (its split count)."""
+    caller would get (its split count). keep_contiguous: leave each set's contiguous K/V
+    copies ("kcont" / "vcont", what SDPA reads) in place."""
     from tskernels.bench.cases.attention import _decode_bytes, _make_decode
     import tskernels.ops.attention as attn
     gen = torch.Generator("cuda").manual_seed(0)
@@ -62,7 +63,7 @@ def _decode_sets(shape):
     ref = torch.nn.functional.scaled_dot_product_attention(
         s0["q"].float().unsqueeze(2), s0["kcont"].float(), s0["vcont"].float(),
         enable_gqa=True).squeeze(2)
-    for s in sets:
+    for s in sets if not keep_contiguous else ():
         del s["kcont"], s["vcont"]
     auto = attn.decode_plan(s0["pt"], s0["lens"], num_q_heads=32, k_cache=s0["kc"],
                             q_dtype=torch.bfloat16,
@@ -608,9 +609,7 @@ def layout():
     cache stored [page, slot, head, dim] ("nhd", the bench's) and [page, head, slot, dim]
     ("hnd": same logical tensor, strided). LAYOUT_SOURCES="v1=FILE;..." adds CUDA fp8 builds
     of other sources; LAYOUT_ROUNDS repeats the whole row set (interleaved, for noise)."""
-    from tskernels.bench.cases.attention import _decode_bytes, _make_decode
     from tskernels.numerics import error_stats
-    import tskernels.ops.attention as attn
     from tskernels.ops.attention import cuda_decode
     sources = [("ship", cuda_decode.SOURCE)] + [
         (n, Path(f).resolve()) for n, _, f in
@@ -625,14 +624,7 @@ def layout():
     for B, L in _decode_shapes():
         for fp8 in (0, 1):
             shape = {"B": B, "L": L, "fp8": fp8}
-            gen = torch.Generator("cuda").manual_seed(0)
-            nbytes = _decode_bytes(shape)
-            sets = [_make_decode(shape, "cuda", gen)
-                    for _ in range(max(1, min(8, (256 << 20) // nbytes)))]
-            s0 = sets[0]
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                s0["q"].float().unsqueeze(2), s0["kcont"].float(), s0["vcont"].float(),
-                enable_gqa=True).squeeze(2)
+            sets, nbytes, ref, _ = _decode_sets(shape, keep_contiguous=True)
             cands = {}
             if not fp8:
                 cands["sdpa"] = (lambda s: torch.nn.functional.scaled_dot_product_attention(
