@@ -19,6 +19,12 @@ os.environ.setdefault("TSKERNELS_BACKEND", "attention=triton,mla=triton")
 OUT = os.environ.get("OUT", "/tmp")
 
 
+def _save(rows, name):
+    """Write a stage's rows to $OUT/$SWEEP_OUT (default: name)."""
+    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', name)}", "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def _time(fn, sets, iters=50, graph=False):
     from tskernels.bench.core import time_fn
     return statistics.median(time_fn(fn, sets, "cuda", iters=iters, graph=graph))
@@ -102,8 +108,7 @@ def sweep_decode():
         print(f"BEST {shape} auto_splits={auto.num_splits}: {best}", flush=True)
         del sets
         torch.cuda.empty_cache()
-    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_sweep.json')}", "w") as f:
-        json.dump(rows, f, indent=1)
+    _save(rows, "attention_decode_sweep.json")
 
 
 def sweep_decode_modes():
@@ -161,9 +166,7 @@ def sweep_decode_modes():
                   f"st={r['stages']}  rms={r['rel_rms']:.2e} max={r['rel_max']:.2e}", flush=True)
         del sets
         torch.cuda.empty_cache()
-        with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_modes.json')}",
-                  "w") as f:
-            json.dump(rows, f, indent=1)
+        _save(rows, "attention_decode_modes.json")
 
 
 def merge_policy():
@@ -238,8 +241,7 @@ def sweep_extend():
                       flush=True)
         del d
         torch.cuda.empty_cache()
-    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_extend_sweep.json')}", "w") as f:
-        json.dump(rows, f, indent=1)
+    _save(rows, "attention_extend_sweep.json")
 
 
 def sweep_mla():
@@ -359,9 +361,7 @@ def sweep_cuda():
                   f"{res['triton_fp8']:8.1f}, fp8 cuda {c[0]:8.1f} ({c[1]} ns={c[2]} "
                   f"rms={c[3]:.1e}) -> fp8 cuda vs bf16 {res['triton_bf16'] / c[0]:.2f}x, vs "
                   f"fp8 triton {res['triton_fp8'] / c[0]:.2f}x", flush=True)
-        with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_cuda.json')}",
-                  "w") as f:
-            json.dump(rows, f, indent=1)
+        _save(rows, "attention_decode_cuda.json")
 
 
 def _extend_ref(q, k, v, counts, scale):
@@ -540,8 +540,7 @@ def cuda_extend():
               f"({flops / t['auto'][0] / 1e6:.0f} TFLOP/s, err {t['auto'][2]:.1e}), "
               f"{t['triton'][1]} {t['triton'][0]:.1f} us ({flops / t['triton'][0] / 1e6:.0f}) "
               f"-> x{t['triton'][0] / t['auto'][0]:.2f}", flush=True)
-    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_extend_cuda.json')}", "w") as f:
-        json.dump(rows, f, indent=1)
+    _save(rows, "attention_extend_cuda.json")
 
 
 def mla_cuda():
@@ -599,8 +598,7 @@ def mla_cuda():
         print(f"MLA H={h} B={b} L={l} fp8={shape['fp8']}: {line} err {errs}", flush=True)
         del d
         torch.cuda.empty_cache()
-    with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'mla_decode_cuda.json')}", "w") as f:
-        json.dump(rows, f, indent=1)
+    _save(rows, "mla_decode_cuda.json")
 
 
 def layout():
@@ -665,9 +663,7 @@ def layout():
                           f"{nbytes / us / 1e6:5.2f} TB/s rms={errs.get(k, 0):.1e}", flush=True)
             del sets, cands
             torch.cuda.empty_cache()
-            with open(f"{OUT}/{os.environ.get('SWEEP_OUT', 'attention_decode_layout.json')}",
-                      "w") as f:
-                json.dump(rows, f, indent=1)
+            _save(rows, "attention_decode_layout.json")
 
 
 def bench(ops):
