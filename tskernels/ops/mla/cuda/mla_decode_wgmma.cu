@@ -466,39 +466,29 @@ mla_decode_wgmma_kernel(const __grid_constant__ TensorMap kvmap,
 #else
     const float ks = 1.f;
 #endif
-    const float iA = ks / lA, iB = ks / lB;
     const int col0 = 256 * a + 2 * qc;
-    if (num_splits == 1) {
-        u16* oA = o + (long)b * o_st + (long)(h0 + rowA) * o_sh + col0;
-        u16* oB = o + (long)b * o_st + (long)(h0 + rowB) * o_sh + col0;
-        if (rowA < hrows) {
+    // this thread's two rows: A (accumulator slots 4i, 4i + 1) and B (4i + 2, 4i + 3)
+    const int rows[2] = {rowA, rowB};
+    const float ms[2] = {mA, mB}, ls[2] = {lA, lB};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (rows[r] >= hrows) continue;
+        const float inv = ks / ls[r];
+        if (num_splits == 1) {
+            u16* dst = o + (long)b * o_st + (long)(h0 + rows[r]) * o_sh + col0;
 #pragma unroll
             for (int i = 0; i < 32; ++i)
-                *(u32*)(oA + 8 * i) = pack_out(acc[4 * i] * iA, acc[4 * i + 1] * iA);
-        }
-        if (rowB < hrows) {
+                *(u32*)(dst + 8 * i) = pack_out(acc[4 * i + 2 * r] * inv,
+                                                acc[4 * i + 2 * r + 1] * inv);
+        } else {
+            const long row = (long)(b * H + h0 + rows[r]) * num_splits + split;
+            float* dst = po + row * DC + col0;
 #pragma unroll
             for (int i = 0; i < 32; ++i)
-                *(u32*)(oB + 8 * i) = pack_out(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
-        }
-    } else {
-        const long rA = (long)(b * H + h0 + rowA) * num_splits + split;
-        const long rB = (long)(b * H + h0 + rowB) * num_splits + split;
-        float* pA = po + rA * DC + col0;
-        float* pB = po + rB * DC + col0;
-        if (rowA < hrows) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-                *(float2*)(pA + 8 * i) = make_float2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
-        }
-        if (rowB < hrows) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-                *(float2*)(pB + 8 * i) = make_float2(acc[4 * i + 2] * iB, acc[4 * i + 3] * iB);
-        }
-        if (a == 0 && qc == 0) {  // natural-log LSE of the split (m in base-2 units)
-            if (rowA < hrows) plse[rA] = (mA + __log2f(lA)) * 0.69314718055994531f;
-            if (rowB < hrows) plse[rB] = (mB + __log2f(lB)) * 0.69314718055994531f;
+                *(float2*)(dst + 8 * i) = make_float2(acc[4 * i + 2 * r] * inv,
+                                                      acc[4 * i + 2 * r + 1] * inv);
+            if (a == 0 && qc == 0)  // natural-log LSE of the split (m in base-2 units)
+                plse[row] = (ms[r] + __log2f(ls[r])) * 0.69314718055994531f;
         }
     }
 #else
