@@ -115,3 +115,76 @@ def sample(
         values, ids = raw_logprobs.topk(num_logprobs, dim=-1)
         top = (values, ids)
     return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top)
+
+
+def _valid_ids(ids: torch.Tensor, lens: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """Which entries of a padded [B, L] id history count: position < len and 0 <= id < vocab."""
+    pos = torch.arange(ids.shape[1], device=ids.device)[None, :]
+    ok = (ids >= 0) & (ids < vocab)
+    if lens is not None:
+        ok &= pos < lens.to(ids.device).long()[:, None]
+    return ok
+
+
+def _bincount_rows(ids: torch.Tensor, ok: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Per-row occurrence counts int64 [B, V] of the valid entries of ids [B, L]."""
+    idx = torch.where(ok, ids.long(), torch.full_like(ids, vocab, dtype=torch.long))
+    counts = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.long, device=ids.device)
+    counts.scatter_add_(1, idx, torch.ones_like(idx))
+    return counts[:, :vocab]
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    *,
+    output_ids: torch.Tensor | None = None,
+    output_lens: torch.Tensor | None = None,
+    prompt_ids: torch.Tensor | None = None,
+    prompt_lens: torch.Tensor | None = None,
+    repetition_penalty: torch.Tensor | None = None,
+    presence_penalty: torch.Tensor | None = None,
+    frequency_penalty: torch.Tensor | None = None,
+    logit_bias_ids: torch.Tensor | None = None,
+    logit_bias_values: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Penalised logits (a new tensor of logits' dtype; computed in float32, rounded once).
+
+    Histories are padded [B, L] int32/int64 id tensors; an entry counts when its position is
+    below the row's length (None: every position) and 0 <= id < V (so -1 padding works too).
+    In this order, for row b and token t (c = count of t in the row's output ids):
+      1. logit_bias: x += sum of the row's bias values whose id is t (duplicates add up).
+      2. repetition (HF / vLLM): if t is in the prompt or the output, x = x / r if x > 0
+         else x * r, r = repetition_penalty[b] (1 is off).
+      3. frequency and presence (OpenAI), output tokens only: if c > 0,
+         x = x - frequency_penalty[b] * c - presence_penalty[b].
+    Tokens a rule does not touch keep their logit bit for bit. Parameters are float32 [B].
+    """
+    batch, vocab = logits.shape
+    x = logits.float().clone()
+    dev = x.device
+    if logit_bias_ids is not None:
+        ok = _valid_ids(logit_bias_ids, None, vocab)
+        idx = torch.where(ok, logit_bias_ids.long(), torch.full_like(logit_bias_ids, vocab,
+                                                                     dtype=torch.long))
+        bias = torch.zeros(batch, vocab + 1, dtype=torch.float32, device=dev)
+        bias.scatter_add_(1, idx, torch.where(ok, logit_bias_values.float(), 0.0))
+        hit = _bincount_rows(logit_bias_ids, ok, vocab) > 0
+        x = torch.where(hit, x + bias[:, :vocab], x)
+    out_counts = None
+    if output_ids is not None:
+        out_counts = _bincount_rows(output_ids, _valid_ids(output_ids, output_lens, vocab), vocab)
+    if repetition_penalty is not None:
+        seen = torch.zeros(batch, vocab, dtype=torch.bool, device=dev)
+        if out_counts is not None:
+            seen |= out_counts > 0
+        if prompt_ids is not None:
+            seen |= _bincount_rows(prompt_ids, _valid_ids(prompt_ids, prompt_lens, vocab),
+                                   vocab) > 0
+        r = repetition_penalty.float().to(dev)[:, None]
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    if out_counts is not None and (frequency_penalty is not None or presence_penalty is not None):
+        zeros = torch.zeros(batch, dtype=torch.float32, device=dev)
+        f = (zeros if frequency_penalty is None else frequency_penalty.float().to(dev))[:, None]
+        p = (zeros if presence_penalty is None else presence_penalty.float().to(dev))[:, None]
+        x = torch.where(out_counts > 0, x - f * out_counts.float() - p, x)
+    return x.to(logits.dtype)

@@ -105,3 +105,69 @@ BAD = [
 def test_bad_input_names_the_argument(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def penalty_problem(b: int, v: int, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+    ids = lambda n: torch.randint(-1, v + 1, (b, n), generator=gen)  # noqa: E731
+    return (torch.randn(b, v, generator=gen) * 3,
+            dict(output_ids=ids(12), output_lens=torch.randint(0, 13, (b,), generator=gen),
+                 prompt_ids=ids(9).int(), prompt_lens=torch.randint(0, 10, (b,),
+                                                                    generator=gen).int(),
+                 repetition_penalty=torch.rand(b, generator=gen) + 0.5,
+                 presence_penalty=torch.randn(b, generator=gen),
+                 frequency_penalty=torch.randn(b, generator=gen),
+                 logit_bias_ids=ids(3), logit_bias_values=torch.randn(b, 3, generator=gen)))
+
+
+@given(b=st.integers(1, 5), v=st.integers(1, 50), seed=st.integers(0, 2**31 - 1),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+def test_apply_penalties_in_place_equals_reference(b, v, seed, dtype):
+    gen = torch.Generator().manual_seed(seed)
+    logits, kw = penalty_problem(b, v, gen)
+    logits = logits.to(dtype)
+    want = ref.apply_penalties(logits, **kw)
+    got = logits.clone()
+    assert sampling.apply_penalties(got, **kw) is got
+    assert_same(got, want)
+
+
+def test_apply_penalties_scalars_and_nothing_to_do():
+    gen = torch.Generator().manual_seed(3)
+    logits, kw = penalty_problem(3, 20, gen)
+    scal = dict(kw, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=-0.25)
+    full = {k: torch.full((3,), scal[k]) for k in ("repetition_penalty", "presence_penalty",
+                                                  "frequency_penalty")}
+    assert_same(sampling.apply_penalties(logits.clone(), **scal),
+                ref.apply_penalties(logits, **dict(kw, **full)))
+    same = logits.clone()
+    sampling.apply_penalties(same, presence_penalty=1.0, repetition_penalty=2.0)
+    assert torch.equal(same, logits)
+
+
+PEN_BAD = [
+    (dict(logits=LOGITS.double()), TypeError, "logits: expected dtype"),
+    (dict(output_ids=torch.zeros(3, 4, dtype=torch.long)), ValueError, "output_ids: expected shape"),
+    (dict(output_ids=torch.zeros(2, 4)), TypeError, "output_ids: expected dtype"),
+    (dict(output_lens=torch.zeros(2, dtype=torch.long)), ValueError,
+     "output_lens: given without output_ids"),
+    (dict(prompt_ids=torch.zeros(2, 4, dtype=torch.long), prompt_lens=torch.zeros(3).long()),
+     ValueError, "prompt_lens: expected shape"),
+    (dict(repetition_penalty=0.0), ValueError, "repetition_penalty: expected finite and > 0"),
+    (dict(repetition_penalty=torch.tensor([1.0, -1.0])), ValueError,
+     "repetition_penalty: expected every value"),
+    (dict(presence_penalty=float("inf")), ValueError, "presence_penalty: expected finite"),
+    (dict(frequency_penalty="x"), TypeError, "frequency_penalty: expected a"),
+    (dict(frequency_penalty=torch.ones(2, dtype=torch.float64)), TypeError,
+     "frequency_penalty: expected dtype"),
+    (dict(logit_bias_ids=torch.zeros(2, 3, dtype=torch.long)), ValueError, "give both or neither"),
+    (dict(logit_bias_ids=torch.zeros(2, 3, dtype=torch.long), logit_bias_values=torch.zeros(2, 2)),
+     ValueError, "logit_bias_values: expected shape"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,match", PEN_BAD)
+def test_apply_penalties_bad_input_names_the_argument(kw, exc, match):
+    kw = dict(kw)
+    logits = kw.pop("logits", LOGITS.clone())
+    with pytest.raises(exc, match=match):
+        sampling.apply_penalties(logits, **kw)

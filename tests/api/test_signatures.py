@@ -12,7 +12,7 @@ import tskernels
 OPS = [("gemm", "mm"), ("gemm", "gemv"), ("gemm", "fp8_block_mm"),
        ("moe", "topk_softmax"), ("moe", "topk_sigmoid_grouped"), ("moe", "align_by_expert"),
        ("moe", "fused_experts"), ("moe", "combine"), ("sampling", "sample"),
-       ("sampling", "greedy"), ("gdn", "chunk_prefill"), ("gdn", "decode_step"),
+       ("sampling", "greedy"), ("sampling", "apply_penalties"), ("gdn", "chunk_prefill"), ("gdn", "decode_step"),
        ("kvcache", "store_mla")]
 
 

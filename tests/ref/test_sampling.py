@@ -143,3 +143,57 @@ def test_frequencies_match_softmax():
         counts = torch.bincount(out.token_ids, minlength=6).tolist()
         assert all(counts[i] == 0 for i in range(6) if probs[i] == 0)
         assert chi_square(counts, probs) < crit[max(len(allowed) - 1, 1)], (temperature, counts, probs)
+
+
+def naive_penalties(logits, out_ids, out_lens, prompt_ids, prompt_lens, rep, pres, freq,
+                    bias_ids, bias_vals):
+    """Row-by-row float64 reading of the OpenAI / HF rules (bias, repetition, freq/presence)."""
+    batch, vocab = logits.shape
+    want = logits.double().clone()
+    for b in range(batch):
+        outs = [int(t) for t in out_ids[b, :int(out_lens[b])] if 0 <= int(t) < vocab]
+        prompt = [int(t) for t in prompt_ids[b, :int(prompt_lens[b])] if 0 <= int(t) < vocab]
+        for t, v in zip(bias_ids[b].tolist(), bias_vals[b].tolist()):
+            if 0 <= t < vocab:
+                want[b, t] += v
+        for t in set(outs) | set(prompt):
+            x = float(want[b, t])
+            want[b, t] = x / float(rep[b]) if x > 0 else x * float(rep[b])
+        for t in set(outs):
+            want[b, t] -= float(freq[b]) * outs.count(t) + float(pres[b])
+    return want
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 5), vocab=st.integers(1, 40), length=st.integers(0, 30),
+       seed=st.integers(0, 2**31))
+def test_penalties_match_float64_rules(batch, vocab, length, seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = rand(batch, vocab, gen=gen, scale=3.0).float()
+    ids = lambda n: torch.randint(-2, vocab + 2, (batch, n), generator=gen)  # noqa: E731
+    lens = lambda n: torch.randint(0, n + 1, (batch,), generator=gen)  # noqa: E731
+    out_ids, prompt_ids, bias_ids = ids(length), ids(length + 3).int(), ids(4)
+    out_lens, prompt_lens = lens(length), lens(length + 3)
+    rep = torch.rand(batch, generator=gen) * 2 + 0.5
+    pres = torch.randn(batch, generator=gen)
+    freq = torch.randn(batch, generator=gen)
+    bias_vals = torch.randn(batch, 4, generator=gen) * 5
+    got = sampling.apply_penalties(
+        logits, output_ids=out_ids, output_lens=out_lens, prompt_ids=prompt_ids,
+        prompt_lens=prompt_lens, repetition_penalty=rep, presence_penalty=pres,
+        frequency_penalty=freq, logit_bias_ids=bias_ids, logit_bias_values=bias_vals)
+    want = naive_penalties(logits, out_ids, out_lens, prompt_ids, prompt_lens, rep, pres, freq,
+                           bias_ids, bias_vals)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_penalties_leave_untouched_tokens_bit_for_bit():
+    logits = torch.tensor([[-0.0, float("-inf"), 1.5, -2.0, 4.0]])
+    got = sampling.apply_penalties(logits, output_ids=torch.tensor([[2, 2, 3, -1]]),
+                                   output_lens=torch.tensor([3]),
+                                   repetition_penalty=torch.tensor([2.0]),
+                                   frequency_penalty=torch.tensor([0.5]),
+                                   presence_penalty=torch.tensor([0.25]))
+    assert torch.equal(got[0, :2], logits[0, :2]) and bool(torch.signbit(got[0, 0]))
+    assert got[0].tolist()[2:] == [1.5 / 2 - 1.0 - 0.25, -4.0 - 0.5 - 0.25, 4.0]

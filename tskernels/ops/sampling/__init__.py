@@ -17,8 +17,9 @@ from tskernels_ref.sampling import SampleOutput
 from ... import _check
 from ...registry import fmt, select
 from . import reference  # noqa: F401  (register backends)
+from .penalties import apply_penalties
 
-__all__ = ["SampleOutput", "greedy", "sample"]
+__all__ = ["SampleOutput", "apply_penalties", "greedy", "sample"]
 
 FloatParam = torch.Tensor | float
 IntParam = torch.Tensor | int

@@ -15,3 +15,10 @@ def sample(logits, **params):
 @register("sampling", "greedy", **REF)
 def greedy(logits):
     return ref.greedy(logits)
+
+
+@register("sampling", "apply_penalties", **REF)
+def apply_penalties(logits, **params):
+    """Reference penalties, written back into logits (the public op is in place)."""
+    logits.copy_(ref.apply_penalties(logits, **params))
+    return logits
