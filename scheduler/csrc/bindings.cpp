@@ -1,5 +1,7 @@
-// Python bindings (nanobind): scheduler._core. Plan arrays reach Python as numpy views that
-// keep their Plan alive; no per-token Python objects except the advance() event tuples.
+// Python bindings (nanobind): scheduler._core. Plan arrays reach Python as read-only numpy
+// views that keep their Plan alive (read-only: page-table buffers are recycled by later plans,
+// so a write would leak into them); no per-token Python objects except the advance() event
+// tuples.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -18,9 +20,9 @@ namespace {
 using InIds = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 template <class T>
-nb::ndarray<nb::numpy, T> view(std::vector<T>& v) {
-  static T empty[1] = {};
-  return nb::ndarray<nb::numpy, T>(v.empty() ? empty : v.data(), {v.size()});
+nb::ndarray<nb::numpy, const T> view(const std::vector<T>& v) {
+  static const T empty[1] = {};
+  return nb::ndarray<nb::numpy, const T>(v.empty() ? empty : v.data(), {v.size()});
 }
 
 std::span<const int32_t> span_of(const InIds& a) { return {a.data(), a.shape(0)}; }
@@ -126,16 +128,17 @@ NB_MODULE(_core, m) {
       .def_prop_ro("cached_lens", [](Plan& p) { return view(p.cached_lens); }, ro)
       .def_prop_ro("seq_lens", [](Plan& p) { return view(p.seq_lens); }, ro)
       .def_prop_ro("page_table", [](Plan& p) {
-            static int32_t empty[1] = {};
-            auto& t = const_cast<sched::PageTable&>(*p.page_table);
-            int32_t* data = t.data.empty() ? empty : t.data.data();
-            return nb::ndarray<nb::numpy, int32_t>(data, {p.entries.size(), size_t(t.width)});
+            static const int32_t empty[1] = {};
+            const sched::PageTable& t = *p.page_table;
+            const int32_t* data = t.data.empty() ? empty : t.data.data();
+            return nb::ndarray<nb::numpy, const int32_t>(data, {p.entries.size(), size_t(t.width)});
           }, ro)
       .def_prop_ro("slot_mapping", [](Plan& p) { return view(p.slot_mapping); }, ro)
       .def_prop_ro("sample", [](Plan& p) {
-            static bool empty[1] = {};
-            bool* data = p.sample.empty() ? empty : reinterpret_cast<bool*>(p.sample.data());
-            return nb::ndarray<nb::numpy, bool>(data, {p.sample.size()}); }, ro)
+            static const bool empty[1] = {};
+            const bool* data =
+                p.sample.empty() ? empty : reinterpret_cast<const bool*>(p.sample.data());
+            return nb::ndarray<nb::numpy, const bool>(data, {p.sample.size()}); }, ro)
       .def_prop_ro("retracted", [](Plan& p) { return view(p.retracted); }, ro)
       .def("__len__", [](const Plan& p) { return p.entries.size(); })
       .def("__repr__", [](const Plan& p) {

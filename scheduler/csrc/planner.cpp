@@ -169,6 +169,7 @@ void Scheduler::admit_waiting(Builder& b) {
 
 Plan Scheduler::next_plan() {
   Builder b;
+  b.plan.owner = id_;
   b.plan.step = ++step_;
   outstanding_step_ = step_;
   b.budget = cfg_.token_budget;

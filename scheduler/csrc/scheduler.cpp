@@ -2,11 +2,17 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace sched {
 namespace {
 
 std::invalid_argument bad(const std::string& what) { return std::invalid_argument(what); }
+
+uint64_t next_scheduler_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace
 
@@ -42,7 +48,8 @@ Scheduler::Scheduler(SchedulerConfig cfg)
       watermark_(std::max(1, cfg_.num_pages / 100)),
       alloc_(cfg_.num_pages),
       cache_(alloc_, cfg_.page_size),
-      slots_(cfg_.max_running) {
+      slots_(cfg_.max_running),
+      id_(next_scheduler_id()) {
   alloc_.set_evict_callback([this](int32_t page) { cache_.on_evict(page); });
 }
 
@@ -148,6 +155,17 @@ FinishReason Scheduler::stop_reason(const Request& r, int32_t token) const {
 }
 
 std::vector<Event> Scheduler::advance(const Plan& plan, std::span<const int32_t> sampled_ids) {
+  // A plan from another Scheduler (or a default-constructed one) can carry any slot numbers:
+  // refuse it before reading its entries, whatever its step number.
+  if (plan.owner != id_)
+    throw bad("advance() takes a plan made by this Scheduler's next_plan(); this one was made "
+              "by another Scheduler");
+  for (size_t i = 0; i < plan.entries.size(); ++i) {
+    const Plan::Entry& e = plan.entries[i];
+    if (e.slot < 0 || static_cast<size_t>(e.slot) >= slab_.size())
+      throw bad("plan entry " + std::to_string(i) + " names slot " + std::to_string(e.slot) +
+                ", not a slot of this Scheduler");
+  }
   if (plan.step != outstanding_step_)
     throw bad("advance() takes the plan returned by the latest next_plan(), once (plan step " +
               std::to_string(plan.step) + ", expected " + std::to_string(outstanding_step_) + ")");

@@ -43,6 +43,7 @@ struct PageTable {
 // One step's batch as flat arrays (what the model runner needs), plus the private bookkeeping
 // advance() uses, so a caller who edits the arrays cannot corrupt the scheduler.
 struct Plan {
+  uint64_t owner = 0;  // the Scheduler that made it (advance() refuses a foreign plan)
   int64_t step = 0;
   int32_t num_decode = 0;
   std::vector<int64_t> request_ids;   // [R] decodes first, then prefill chunks
@@ -158,6 +159,7 @@ class Scheduler {
   std::unordered_map<uint64_t, int32_t> pending_;     // page hash -> slot now computing it
   std::vector<Event> events_;                         // aborts not yet reported by advance()
   uint64_t next_arrival_ = 0;
+  uint64_t id_;  // unique per instance in this process: stamps the plans it makes
   int64_t step_ = 0, outstanding_step_ = -1;
   std::vector<int32_t> hits_;                         // scratch for admit()
   std::vector<std::shared_ptr<PageTable>> page_tables_;  // recycled plan page tables

@@ -142,3 +142,51 @@ def test_invalid_event_names_request_state_and_event(s):
         s.abort(1)
     assert issubclass(scheduler.InvalidEventError, RuntimeError)
     s.check_invariants()
+
+
+# ---- misuse of plans (issue 17): a foreign plan raises, plan arrays are read-only -------------
+PLAN_ARRAYS = ("request_ids", "input_ids", "positions", "qo_indptr", "cached_lens", "seq_lens",
+               "page_table", "slot_mapping", "sample", "retracted")
+
+
+def test_plan_of_another_scheduler_raises_even_when_steps_match():
+    # Two schedulers at the same step number: the plan of the big one names slots the small
+    # one does not have (this segfaulted when advance trusted plan.entries).
+    big = Scheduler(SchedulerConfig(**{**GOOD, "max_running": 64, "num_pages": 257,
+                                       "token_budget": 512}))
+    small = Scheduler(SchedulerConfig(**GOOD))
+    for i in range(40):
+        big.submit(100 + i, [5, 6, 7], 4)
+    small.submit(1, [5, 6, 7], 4)
+    p_big, p_small = big.next_plan(), small.next_plan()
+    assert p_big.step == p_small.step and len(p_big) == 40
+    with pytest.raises(ValueError, match="another Scheduler"):
+        small.advance(p_big, np.full(len(p_big), 9, dtype=np.int32))
+    with pytest.raises(ValueError, match="another Scheduler"):
+        big.advance(p_small, np.full(len(p_small), 9, dtype=np.int32))
+    # both are intact and take their own plans
+    assert small.advance(p_small, np.full(len(p_small), 9, dtype=np.int32))[0][:2] == (1, 9)
+    assert len(big.advance(p_big, np.full(len(p_big), 9, dtype=np.int32))) == 40
+    small.check_invariants()
+    big.check_invariants()
+
+
+@pytest.mark.parametrize("name", PLAN_ARRAYS)
+def test_plan_arrays_are_read_only(s, name):
+    plan = s.next_plan()
+    arr = getattr(plan, name)
+    assert not arr.flags.writeable
+    if arr.size:
+        with pytest.raises(ValueError, match="read-only"):
+            arr.reshape(-1)[0] = arr.reshape(-1)[0]
+    copy = np.array(arr)   # a copy is the caller's to edit
+    assert copy.flags.writeable
+    s.advance(plan, np.full(len(plan), 9, dtype=np.int32))
+    assert_intact_after_step(s)
+
+
+def assert_intact_after_step(s: Scheduler) -> None:
+    s.check_invariants()
+    plan = s.next_plan()
+    assert int(plan.page_table[0, 0]) > 0 and int(plan.request_ids[0]) == 1
+    s.advance(plan, np.full(len(plan), 9, dtype=np.int32))
