@@ -23,19 +23,50 @@ def _silu_and_mul_kernel(x_ptr, y_ptr, I, x_stride, y_stride, BLOCK: tl.constexp
     tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _gelu_tanh_and_mul_kernel(x_ptr, y_ptr, I, x_stride, y_stride, BLOCK: tl.constexpr):
+    """y[r, c] = gelu_tanh(x[r, c]) * x[r, I + c] in fp32, using 0.5 (1 + tanh(u)) =
+    sigmoid(2u): one exp, and no inf - inf for large |g|."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < I
+    g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * x_stride + I + cols, mask=mask, other=0.0).to(tl.float32)
+    inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    y = g / (1.0 + tl.exp(-2.0 * inner)) * u
+    tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def _block(I: int) -> int:
     return min(2048, triton.next_power_of_2(max(I, 16)))
 
 
+_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "I": "i32", "x_stride": "i32", "y_stride": "i32"}
+
+
 def _cases():
-    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", "I": "i32", "x_stride": "i32", "y_stride": "i32"}
-    return [CompileCase(_silu_and_mul_kernel, sig, {"BLOCK": 2048}, num_warps=8)]
+    return [CompileCase(_silu_and_mul_kernel, _SIG, {"BLOCK": 2048}, num_warps=8)]
+
+
+def _gelu_cases():
+    return [CompileCase(_gelu_tanh_and_mul_kernel, _SIG, {"BLOCK": 2048}, num_warps=8)]
 
 
 @register("activation", "silu_and_mul", **TRITON, formats={"x": ("fp32", "fp16", "bf16")},
           tags=("deterministic",), compile_cases=_cases)
 def silu_and_mul(x, out=None):
     """Triton SiLU(gate) * up."""
+    return _launch(_silu_and_mul_kernel, x, out)
+
+
+@register("activation", "gelu_tanh_and_mul", **TRITON, formats={"x": ("fp32", "fp16", "bf16")},
+          tags=("deterministic",), compile_cases=_gelu_cases)
+def gelu_tanh_and_mul(x, out=None):
+    """Triton GELU-tanh(gate) * up."""
+    return _launch(_gelu_tanh_and_mul_kernel, x, out)
+
+
+def _launch(kernel, x, out):
     I = x.shape[-1] // 2
     x2 = x.reshape(-1, 2 * I)
     y = out if out is not None else torch.empty(*x.shape[:-1], I, dtype=x.dtype, device=x.device)
@@ -44,6 +75,6 @@ def silu_and_mul(x, out=None):
         return y
     y2 = y.view(-1, I)
     block = _block(I)
-    _silu_and_mul_kernel[(rows, triton.cdiv(I, block))](
+    kernel[(rows, triton.cdiv(I, block))](
         x2, y2, I, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=max(1, min(8, block // 256)))
     return y
