@@ -19,6 +19,8 @@ import math
 import numpy as np
 import torch
 
+import tskernels
+
 from .forward_batch import ForwardBatch, StepMeta
 
 
@@ -83,7 +85,7 @@ class CudaGraphs:
         # as the graph
         self.graphs: dict[int, tuple[object, tuple[torch.Tensor, torch.Tensor], object]] = {}
         pool = _pool()
-        with torch.inference_mode():
+        with torch.inference_mode(), tskernels.use_backend(runner.policy):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
                 meta = StepMeta(self.positions[:bs], self.slot_mapping[:bs],
                                 self.qo_indptr[:bs + 1], self.page_table[:bs],
@@ -136,7 +138,5 @@ class CudaGraphs:
 
 def _decode_step(model, input_ids, batch):
     """What a graph records: forward, logits of every row, their greedy choice."""
-    from tskernels.ops.sampling import greedy
-
     logits = model.compute_logits(model(input_ids, batch))
-    return logits, greedy(logits).to(torch.int32)
+    return logits, tskernels.sampling.greedy(logits).to(torch.int32)

@@ -12,32 +12,38 @@ from dataclasses import dataclass
 import torch
 
 import tskernels
+from tskernels import GQACacheSpec, KVCacheSpec, MLACacheSpec
+
+from .models import bound_ops
 
 
 class KVPool:
-    """The paged cache of every layer. GQA: k/v [L, num_pages, page_size, Hkv, D]; MLA (latent):
-    [L, num_pages, page_size, width]. Page 0 is the scheduler's null page (padding)."""
+    """The paged cache of every layer, allocated from the model's `KVCacheSpec`. GQA: k/v
+    [L, num_pages, page_size, Hkv, D]; MLA (latent): kv [L, num_pages, page_size, width].
+    Page 0 is the scheduler's null page (padding)."""
 
-    def __init__(self, spec: dict, num_pages: int, page_size: int, dtype: torch.dtype, device):
+    def __init__(self, spec: KVCacheSpec, num_pages: int, page_size: int, dtype: torch.dtype,
+                 device):
+        if not isinstance(spec, (GQACacheSpec, MLACacheSpec)):
+            raise TypeError(f"KVPool: cache kind {type(spec).__name__} is not served (expected "
+                            "GQACacheSpec or MLACacheSpec)")
         self.spec, self.num_pages, self.page_size, self.dtype = spec, num_pages, page_size, dtype
         self.fp8 = dtype == torch.float8_e4m3fn
-        n = spec["num_layers"]
-        if spec["kind"] == "gqa":
-            shape = (n, num_pages, page_size, spec["num_kv_heads"], spec["head_dim"])
-            self.k = torch.zeros(shape, dtype=dtype, device=device)
-            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        tensors = spec.allocate(num_pages, page_size, dtype, device)
+        if isinstance(spec, GQACacheSpec):
+            self.k, self.v = tensors
         else:
-            self.kv = torch.zeros(n, num_pages, page_size, spec["width"], dtype=dtype,
-                                  device=device)
+            (self.kv,) = tensors
         # fp8 pools use unit per-tensor scales (no calibration data for random or bf16 weights)
         self.scale = torch.ones(1, dtype=torch.float32, device=device) if self.fp8 else None
 
+    @property
+    def is_mla(self) -> bool:
+        return isinstance(self.spec, MLACacheSpec)
+
     @staticmethod
-    def bytes_per_token(spec: dict, dtype: torch.dtype) -> int:
-        elt = torch.empty(0, dtype=dtype).element_size()
-        if spec["kind"] == "gqa":
-            return spec["num_layers"] * 2 * spec["num_kv_heads"] * spec["head_dim"] * elt
-        return spec["num_layers"] * spec["width"] * elt
+    def bytes_per_token(spec: KVCacheSpec, dtype: torch.dtype) -> int:
+        return spec.bytes_per_token(dtype)
 
 
 @dataclass
@@ -54,45 +60,41 @@ class StepMeta:
     max_seq_len: int | None = None  # decode plan sizing (graphs: max_model_len)
 
 
-def _cpu_store(backend, dtype, hkv, d, fp8):
-    """The store_kv kernel the public op would select for this cache, bound once."""
-    from .models import ops
-
+def _cpu_store(dtype, hkv, d, fp8):
+    """The store_kv kernel the public op would select for this cache (under the active kernel
+    policy), bound once."""
     kv = "fp8_e4m3:per_tensor" if fp8 else tskernels.fmt(dtype)
-    return ops._kernel(("store_kv", backend, dtype, hkv, d, fp8), "attention", "store_kv",
-                       backend, lambda: dict(formats={"k": tskernels.fmt(dtype), "kv": kv},
-                                             traits={"head_dim": d}))
+    return bound_ops.bind(("store_kv", dtype, hkv, d, fp8), "attention", "store_kv",
+                          lambda: dict(formats={"k": tskernels.fmt(dtype), "kv": kv},
+                                       traits={"head_dim": d}))
 
 
 class AttentionState:
     """Plans for one step, shared by all layers; `forward` / `forward_mla` per layer."""
 
     def __init__(self, pool: KVPool, meta: StepMeta, *, num_q_heads: int, q_dtype,
-                 mla_scale: float | None = None, kv_lora_rank: int | None = None,
-                 backend: str | None = None):
-        self.pool, self.meta, self.backend = pool, meta, backend
+                 mla_scale: float | None = None, kv_lora_rank: int | None = None):
+        self.pool, self.meta = pool, meta
         self._store = None
-        if backend is not None and pool.spec["kind"] == "gqa" and pool.k[0].device.type == "cpu":
+        if not pool.is_mla and pool.k[0].device.type == "cpu":
             like = pool.k[0]
-            self._store = _cpu_store(backend, like.dtype, like.shape[2], like.shape[3],
-                                     pool.fp8)
+            self._store = _cpu_store(like.dtype, like.shape[2], like.shape[3], pool.fp8)
         nd, nr = meta.num_decode, meta.num_requests
         self.num_decode_tokens = nd
         mode = "per_tensor" if pool.fp8 else None
         self.decode = self.extend = None
         self.extend_args = None
-        if pool.spec["kind"] == "gqa":
+        if not pool.is_mla:
             like = pool.k[0]
             if nd:
                 self.decode = tskernels.attention.decode_plan(
                     meta.page_table[:nd], meta.seq_lens[:nd], num_q_heads=num_q_heads,
                     k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode,
-                    max_seq_len=meta.max_seq_len, backend=backend)
+                    max_seq_len=meta.max_seq_len)
             if nr > nd:
                 self.extend = tskernels.attention.extend_plan(
                     meta.qo_indptr[nd:] - nd, meta.page_table[nd:], meta.seq_lens[nd:],
-                    num_q_heads=num_q_heads, k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode,
-                    backend=backend)
+                    num_q_heads=num_q_heads, k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode)
         else:
             like = pool.kv[0]
             if nd:
@@ -112,7 +114,7 @@ class AttentionState:
             self._store(k, v, kc, vc, self.meta.slot_mapping, k_scale=s, v_scale=s)
         else:
             tskernels.attention.store_kv(k, v, kc, vc, self.meta.slot_mapping, k_scale=s,
-                                         v_scale=s, backend=self.backend)
+                                         v_scale=s)
         nd = self.num_decode_tokens
         if self.extend is None:
             return self.decode.run(q, kc, vc, k_scale=s, v_scale=s)

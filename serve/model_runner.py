@@ -7,6 +7,7 @@ Decode-only steps replay CUDA graphs on a GPU (see serve.cuda_graph); the CPU ru
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -21,6 +22,26 @@ from .forward_batch import AttentionState, ForwardBatch, KVPool, StepMeta
 log = logging.getLogger(__name__)
 
 SAMPLING_EPS = 1e-5
+
+# tskernels' opt-in backends where they apply, each only where it can run the problem (the
+# registry's choice elsewhere): native-dtype GEMMs ("torch_native"), on the CPU the
+# weight-streaming fp32 / bf16 GEMM for decode rows ("cpu_stream", when the extension is
+# built), fp32 / bf16 norms / SiLU / RoPE in C++ ("cpu_native") and the batched attention
+# ("torch_cpu": C++ decode for fp32 / bf16 caches, page gather + SDPA otherwise; not fp8).
+SERVE_POLICY = tskernels.KernelPolicy(
+    {"gemm.mm": ("cpu_stream", "torch_native"), "norm": ("cpu_native",),
+     "activation": ("cpu_native",), "rope": ("cpu_native",), "attention": ("torch_cpu",)},
+    name="serve")
+
+
+def _under_policy(method):
+    """Run a runner method with the runner's kernel policy active (every op it calls, also
+    the plans it builds, selects under it)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with tskernels.use_backend(self.policy):
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 @dataclass
@@ -52,36 +73,18 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.spec = model.kv_cache_spec()
         kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8_e4m3" else dtype
-        if kv_dtype == torch.float8_e4m3fn and self.spec["kind"] == "gqa" and \
-                getattr(model, "kv_fp8_ok", True) is False:
+        if kv_dtype == torch.float8_e4m3fn and isinstance(self.spec, tskernels.GQACacheSpec) \
+                and getattr(model, "kv_fp8_ok", True) is False:
             raise ValueError("kv_cache_dtype: fp8 not supported by this model")
         self.page_size = args.page_size
         self.pool = KVPool(self.spec, self._num_pages(kv_dtype) + 1, args.page_size, kv_dtype,
                            device)
         self.mla_scale = self.kv_lora = None
-        if self.spec["kind"] == "mla":
+        if isinstance(self.spec, tskernels.MLACacheSpec):
             attn = model.layers[0].self_attn
             self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
         self.num_q_heads = cfg.num_attention_heads
-        # Name tskernels' opt-in backends where they apply: native-dtype 16-bit GEMMs everywhere
-        # ("torch_native"), on the CPU the weight-streaming fp32 / bf16 GEMM for decode rows
-        # ("cpu_stream", when the extension is built), fp32 / bf16 norms / SiLU / RoPE in C++
-        # ("cpu_native") and the batched attention ("torch_cpu": C++ decode for fp32 / bf16
-        # caches, page gather + SDPA otherwise); the registry's choice elsewhere.
-        from tskernels.ops import cpu_native
-        from tskernels.ops.gemm import cpu_stream
-        from tskernels.ops.gemm.torch_native import BACKEND as GEMM_BACKEND
-
-        from .models import ops
-        ops.gemm_backend = GEMM_BACKEND
-        if device.type == "cpu" and cpu_stream.available():
-            ops.gemm_backend_cpu = cpu_stream.BACKEND
-        if device.type == "cpu" and cpu_native.available():
-            ops.cpu_backend = cpu_native.BACKEND
-        self.attn_backend = None
-        if device.type == "cpu" and self.spec["kind"] == "gqa" and not self.pool.fp8:
-            from tskernels.ops.attention.torch_cpu import BACKEND
-            self.attn_backend = BACKEND
+        self.policy = SERVE_POLICY
         self.graphs = None
         if device.type == "cuda" and args.cuda_graphs:
             from .cuda_graph import CudaGraphs
@@ -131,15 +134,16 @@ class ModelRunner:
 
     def attention_state(self, meta: StepMeta) -> AttentionState:
         return AttentionState(self.pool, meta, num_q_heads=self.num_q_heads, q_dtype=self.dtype,
-                              mla_scale=self.mla_scale, kv_lora_rank=self.kv_lora,
-                              backend=self.attn_backend)
+                              mla_scale=self.mla_scale, kv_lora_rank=self.kv_lora)
 
     @torch.inference_mode()
+    @_under_policy
     def forward(self, input_ids: torch.Tensor, meta: StepMeta) -> torch.Tensor:
         batch = ForwardBatch(positions=meta.positions, attention=self.attention_state(meta))
         return self.model(input_ids, batch)
 
     @torch.inference_mode()
+    @_under_policy
     def run(self, plan, requests: list[SampleRequest | None]) -> StepResult:
         """Execute `plan`; `requests[r]` holds row r's sampling inputs (None: no sample)."""
         num_rows = len(plan.request_ids)

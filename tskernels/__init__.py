@@ -4,6 +4,8 @@
     y = tskernels.norm.rmsnorm(x, weight)                 # selected backend for x's device
     tskernels.explain("attention", "decode", device="cuda", formats={"q": "bf16", "kv": "bf16"})
     with tskernels.use_backend("reference"): ...
+    with tskernels.use_backend(tskernels.KernelPolicy({"gemm.mm": "torch_native"})): ...
+    tskernels.available("norm", "rmsnorm", "cpu_native", device="cpu")
 
 Importing this package touches no GPU driver and imports no kernels: op families load on first
 attribute access (`tskernels.attention`), the registry on first selection.
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import importlib
 
-from .config import use_backend
+from .cache_spec import GQACacheSpec, KVCacheSpec, MLACacheSpec
+from .config import active_policy, use_backend
 from .platform import Platform, platform_of
+from .policy import KernelPolicy, available
 from .registry import (KernelSpec, SelectionError, clear_cache, explain, fmt, kernels, register,
                        select)
 
@@ -22,8 +26,10 @@ __version__ = "0.1.0"
 FAMILIES = ("attention", "mla", "gemm", "moe", "norm", "rope", "activation", "sampling",
             "kvcache", "gdn")
 
-__all__ = ["FAMILIES", "KernelSpec", "Platform", "SelectionError", "clear_cache", "explain",
-           "fmt", "kernels", "platform_of", "register", "select", "use_backend", *FAMILIES]
+__all__ = ["FAMILIES", "GQACacheSpec", "KVCacheSpec", "KernelPolicy", "KernelSpec",
+           "MLACacheSpec", "Platform", "SelectionError", "active_policy", "available",
+           "clear_cache", "explain", "fmt", "kernels", "platform_of", "register", "select",
+           "use_backend", *FAMILIES]
 
 
 def __getattr__(name: str):

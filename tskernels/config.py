@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .policy import KernelPolicy
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -39,6 +41,9 @@ class Resolved:
     strict: bool
     objective: str
     allow_unverified: bool
+    # soft preferences of an active KernelPolicy (first that can run the problem wins), used
+    # only when no backend is named
+    prefer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class _Layer:
     objective: str | None
     allow_unverified: bool | None
     source: str
+    policy: KernelPolicy | None = None
 
 
 _stack: contextvars.ContextVar[tuple[_Layer, ...]] = contextvars.ContextVar(
@@ -67,12 +73,16 @@ def _parse_mapping(spec: str | dict | None) -> tuple[tuple[str, str], ...]:
 
 
 @contextlib.contextmanager
-def use_backend(backends: str | dict | None = None, *, objective: str | None = None,
-                allow_unverified: bool | None = None):
+def use_backend(backends: str | dict | KernelPolicy | None = None, *,
+                objective: str | None = None, allow_unverified: bool | None = None):
     """Override selection inside a `with` block (context-local, so threads and tasks are
-    isolated). `backends`: a backend name for everything, or {"family.op"|"family"|"*": name}."""
+    isolated). `backends`: a backend name for everything, {"family.op"|"family"|"*": name},
+    or a `KernelPolicy` (soft preferences: used where they can run, see `tskernels.policy`)."""
     _check_objective(objective)
-    layer = _Layer(_parse_mapping(backends), objective, allow_unverified, "use_backend()")
+    if isinstance(backends, KernelPolicy):
+        layer = _Layer((), objective, allow_unverified, repr(backends), backends)
+    else:
+        layer = _Layer(_parse_mapping(backends), objective, allow_unverified, "use_backend()")
     token = _stack.set(_stack.get() + (layer,))
     try:
         yield
@@ -165,13 +175,27 @@ def resolve(family: str, op: str, backend: str | None, objective: str | None,
     layers = (*reversed(stack), *_global_layers()) if stack else _global_layers()
     chosen, source, strict = backend, "backend= argument", True
     obj, allow = objective, allow_unverified
+    prefer: tuple[str, ...] = ()
     for layer in layers:
-        if chosen is None:
-            hit = _lookup(layer, family, op)
-            if hit is not None:
-                chosen, strict = hit
+        if chosen is None and not prefer:
+            if layer.policy is not None:
+                prefer = layer.policy.lookup(family, op)
                 source = layer.source
+            else:
+                hit = _lookup(layer, family, op)
+                if hit is not None:
+                    chosen, strict = hit
+                    source = layer.source
         obj = obj if obj is not None else layer.objective
         allow = allow if allow is not None else layer.allow_unverified
     _check_objective(obj)
-    return Resolved(chosen, source if chosen else "", strict, obj or "default", bool(allow))
+    return Resolved(chosen, source if chosen or prefer else "", strict, obj or "default",
+                    bool(allow), prefer)
+
+
+def active_policy() -> KernelPolicy | None:
+    """The innermost `KernelPolicy` entered with `use_backend(policy)` in this context."""
+    for layer in reversed(_stack.get()):
+        if layer.policy is not None:
+            return layer.policy
+    return None

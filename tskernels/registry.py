@@ -312,6 +312,9 @@ def _decide(family, op, p, formats, traits, ov):
                 raise SelectionError(f"{family}.{op}: backend {ov.backend!r} requested by "
                                      f"{ov.source} cannot run here: {why}")
             return k, [(k, f"selected: requested by {ov.source}")]
+    report += _preferred(cands, p, formats, traits, ov)
+    if report and report[-1][1].startswith("selected"):
+        return report[-1][0], report
     ok = []
     for k in cands:
         why = _filter_reason(k, p, formats, traits, ov.objective)
@@ -331,6 +334,21 @@ def _decide(family, op, p, formats, traits, ov):
     report += [(k, f"lost: ranked #{i + 2} (band {k.band}, priority {k.priority})")
                for i, k in enumerate(ok[1:])]
     return ok[0], report
+
+
+def _preferred(cands, p, formats, traits, ov) -> list[tuple[KernelSpec, str]]:
+    """A KernelPolicy's soft preferences, in order: the first that can run the problem is
+    selected (last report row); the others say why they were passed over."""
+    report = []
+    for name in ov.prefer:
+        k = next((c for c in cands if c.backend == name), None)
+        if k is None:
+            continue
+        why = _filter_reason(k, p, formats, traits, "default", named=True)
+        if why is None:
+            return report + [(k, f"selected: preferred by {ov.source}")]
+        report.append((k, f"passed over by {ov.source}: {why}"))
+    return report
 
 
 def explain(family: str, op: str, *, device=None, formats=None, traits=None, objective=None,

@@ -1,5 +1,8 @@
 """The tskernels ops the models call, with the registry's choice bound once on the CPU.
 
+Which backends run is the engine's kernel policy (`tskernels.KernelPolicy`, entered by the model
+runner with `tskernels.use_backend(policy)`); this module holds no backend choice of its own.
+
 On a GPU these are the public ops as they are (decode steps replay CUDA graphs, where per-call
 validation and selection cost nothing). On the CPU a decode step makes ~300 op calls and the
 public ops' per-call validation + selection (~10-20 us each) is a visible share of the step, so
@@ -15,40 +18,27 @@ import tskernels
 from tskernels import fmt
 
 _bound: dict[tuple, object] = {}
-# The backend named for 16-bit GEMMs (the runner sets tskernels' opt-in "torch_native", which
-# keeps bf16 operands bf16; the reference upcasts both to fp32 on every call). fp32 stays on
-# the reference.
-gemm_backend: str | None = None
-# The backend named for fp32 / bf16 GEMMs on the CPU (the runner sets tskernels' opt-in
-# "cpu_stream": weight-streaming kernel for decode rows, torch.mm for prefill).
-gemm_backend_cpu: str | None = None
-# The backend named for fp32 / bf16 norms / activation / RoPE on the CPU (the runner sets
-# tskernels' opt-in "cpu_native" when its extension is built).
-cpu_backend: str | None = None
 
 
-def _cpu_backend(dtype: torch.dtype) -> str | None:
-    return cpu_backend if dtype in (torch.float32, torch.bfloat16) else None
-
-
-def _kernel(key: tuple, family: str, op: str, backend: str | None, problem):
-    """The kernel bound for `key`; `problem()` (formats / traits) is only built on a miss."""
-    k = _bound.get(key)
+def bind(key: tuple, family: str, op: str, problem):
+    """The kernel the registry selects for `family.op` on the CPU under the active kernel
+    policy (`tskernels.use_backend(policy)`, entered by the model runner), bound once per
+    (`key`, policy); `problem()` (formats / traits, as the public op describes them) is only
+    built on a miss. Call it with the kernel's calling convention (the public op's arguments)."""
+    policy = tskernels.active_policy()
+    k = _bound.get((key, policy))
     if k is None:
-        k = _bound[key] = tskernels.select(family, op, device="cpu", backend=backend, **problem())
+        k = _bound[key, policy] = tskernels.select(family, op, device="cpu", **problem())
     return k
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None):
     """c = a @ b.T, a [M, K], b [N, K] (gemm.mm)."""
-    backend = gemm_backend if a.dtype in (torch.bfloat16, torch.float16) else None
     if a.device.type != "cpu":
-        return tskernels.gemm.mm(a, b, out_dtype=out_dtype, backend=backend)
-    if a.dtype in (torch.float32, torch.bfloat16) and b.dtype == a.dtype and gemm_backend_cpu:
-        backend = gemm_backend_cpu
+        return tskernels.gemm.mm(a, b, out_dtype=out_dtype)
     c = out_dtype or a.dtype
-    k = _kernel(("mm", a.dtype, b.dtype, c, backend), "gemm", "mm", backend,
-                lambda: dict(formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)}))
+    k = bind(("mm", a.dtype, b.dtype, c), "gemm", "mm",
+             lambda: dict(formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)}))
     return k(a, b, out_dtype=out_dtype)
 
 
@@ -60,36 +50,30 @@ def _norm_problem(x: torch.Tensor, weight: torch.Tensor) -> dict:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float):
     if x.device.type != "cpu":
         return tskernels.norm.rmsnorm(x, weight, eps)
-    n = x.shape[-1]
-    be = _cpu_backend(weight.dtype if x.dtype == weight.dtype else None)
-    k = _kernel(("rmsnorm", x.dtype, weight.dtype, n, be), "norm", "rmsnorm", be,
-                lambda: _norm_problem(x, weight))
+    k = bind(("rmsnorm", x.dtype, weight.dtype, x.shape[-1]), "norm", "rmsnorm",
+             lambda: _norm_problem(x, weight))
     return k(x, weight, eps, out=None)
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     if x.device.type != "cpu":
         return tskernels.norm.fused_add_rmsnorm(x, residual, weight, eps)
-    n = x.shape[-1]
-    be = _cpu_backend(weight.dtype if x.dtype == weight.dtype else None)
-    k = _kernel(("fused_add_rmsnorm", x.dtype, weight.dtype, n, be), "norm",
-                "fused_add_rmsnorm", be, lambda: _norm_problem(x, weight))
+    k = bind(("fused_add_rmsnorm", x.dtype, weight.dtype, x.shape[-1]), "norm",
+             "fused_add_rmsnorm", lambda: _norm_problem(x, weight))
     return k(x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor):
     if x.device.type != "cpu":
         return tskernels.activation.silu_and_mul(x)
-    be = _cpu_backend(x.dtype)
-    k = _kernel(("silu_and_mul", x.dtype, be), "activation", "silu_and_mul", be,
-                lambda: dict(formats={"x": fmt(x.dtype)}))
+    k = bind(("silu_and_mul", x.dtype), "activation", "silu_and_mul",
+             lambda: dict(formats={"x": fmt(x.dtype)}))
     return k(x, out=None)
 
 
 def apply_rope(q, k, positions, cos_sin_cache, *, style: str):
     if q.device.type != "cpu":
         return tskernels.rope.apply_rope(q, k, positions, cos_sin_cache, style=style)
-    be = _cpu_backend(q.dtype)
-    kern = _kernel(("apply_rope", q.dtype, style, be), "rope", "apply_rope", be,
-                   lambda: dict(formats={"q": fmt(q.dtype)}, traits={"style": style}))
+    kern = bind(("apply_rope", q.dtype, style), "rope", "apply_rope",
+                lambda: dict(formats={"q": fmt(q.dtype)}, traits={"style": style}))
     return kern(q, k, positions, cos_sin_cache, style=style, inplace=False)

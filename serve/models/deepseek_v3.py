@@ -15,7 +15,7 @@ from torch import nn
 import tskernels
 
 from ..config import mla_softmax_scale, rope_params
-from . import ops
+from . import bound_ops as ops
 from .layers import (
     CausalLM,
     DecoderLayer,
@@ -126,9 +126,10 @@ class DeepseekV3ForCausalLM(CausalLM):
                    else SigmoidGroupedMoE(cfg))
             self.layers.append(DecoderLayer(cfg, MLAttention(cfg, i, self.rotary), mlp))
 
-    def kv_cache_spec(self) -> dict:
+    def kv_cache_spec(self) -> tskernels.MLACacheSpec:
         a = self.layers[0].self_attn
-        return dict(kind="mla", num_layers=len(self.layers), width=a.kv_lora + a.rope)
+        return tskernels.MLACacheSpec(num_layers=len(self.layers), kv_lora_rank=a.kv_lora,
+                                      rope_dim=a.rope)
 
     def post_load(self) -> None:
         for layer in self.layers:

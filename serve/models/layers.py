@@ -12,7 +12,7 @@ from torch import nn
 
 import tskernels
 
-from . import ops
+from . import bound_ops as ops
 
 
 def _param(*shape: int) -> nn.Parameter:

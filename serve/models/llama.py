@@ -1,6 +1,8 @@
 """Llama family (Llama-2/3, SmolLM2) and Qwen3 dense: GQA + RoPE + SwiGLU, pre-norm."""
 from __future__ import annotations
 
+from tskernels import GQACacheSpec
+
 from ..config import rope_params
 from .layers import CausalLM, DecoderLayer, GatedMLP, PagedAttention, Rotary, rope_table
 
@@ -21,11 +23,11 @@ class LlamaForCausalLM(CausalLM):
     def make_mlp(self, cfg, layer_id: int):
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def kv_cache_spec(self) -> dict:
+    def kv_cache_spec(self) -> GQACacheSpec:
         """What one layer's paged cache holds per token (the runner allocates it)."""
         a = self.layers[0].self_attn
-        return dict(kind="gqa", num_layers=len(self.layers), num_kv_heads=a.num_kv_heads,
-                    head_dim=a.head_dim)
+        return GQACacheSpec(num_layers=len(self.layers), num_kv_heads=a.num_kv_heads,
+                            head_dim=a.head_dim)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
