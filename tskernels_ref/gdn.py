@@ -1,9 +1,12 @@
-"""Gated delta rule references (Qwen3-Next / FLA semantics), chunked prefill + decode step.
+"""Gated delta rule references (Qwen3-Next / FLA semantics): chunked prefill, decode step, and
+the pieces a GDN layer runs around them (short causal conv1d with its rolling state, gating).
 
-Per head, state S [K, V]; per token t with log-decay g_t (<= 0) and write strength beta_t:
+Per value head, state S [K, V]; per token t with log-decay g_t (<= 0) and write strength beta_t:
     S   = exp(g_t) * S
     S   = S + beta_t * k_t (v_t - S^T k_t)^T
     o_t = S^T (scale * q_t)
+q and k have HK heads, v / g / beta / the state HV heads, HV a multiple of HK: value head h reads
+key head h // (HV // HK) (grouped value heads, as Qwen3-Next's 16 key / 32 value heads).
 """
 from __future__ import annotations
 
@@ -16,6 +19,11 @@ from ._common import compute_dtype
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def _value_heads(x: torch.Tensor, value_heads: int) -> torch.Tensor:
+    """[N, HK, D] -> [N, HV, D]: value head h reads key head h // (HV // HK)."""
+    return x.repeat_interleave(value_heads // x.shape[1], dim=1)
 
 
 def _chunk_sequence(q, k, v, g, beta, state, chunk_size):
@@ -78,8 +86,8 @@ def chunk_prefill(
     """Gated delta rule over a ragged batch of sequences, chunked form.
 
     Args:
-        q, k: [T, H, K] (T = cu_seqlens[-1]).
-        v: [T, H, V].
+        q, k: [T, HK, K] (T = cu_seqlens[-1]).
+        v: [T, H, V], H a multiple of HK.
         g: float32 [T, H], log decay (<= 0).
         beta: [T, H].
         cu_seqlens: int32 [N+1].
@@ -91,13 +99,13 @@ def chunk_prefill(
         (o [T, H, V] in q.dtype, final_state float32 [N, H, K, V] (float64 for float64 inputs)).
     """
     dtype = compute_dtype(q, k, v)
-    _, heads, dk = k.shape
-    dv = v.shape[-1]
+    dk = k.shape[-1]
+    _, heads, dv = v.shape
     scale = 1.0 / math.sqrt(dk) if scale is None else float(scale)
     qf, kf = q.to(dtype), k.to(dtype)
     if use_qk_l2norm:
         qf, kf = _l2norm(qf), _l2norm(kf)
-    qf = qf * scale
+    qf, kf = _value_heads(qf * scale, heads), _value_heads(kf, heads)
     vf, gf, bf = v.to(dtype), g.to(dtype), beta.to(dtype)
     bounds = [int(x) for x in cu_seqlens.tolist()]
     num_seqs = len(bounds) - 1
@@ -129,8 +137,8 @@ def decode_step(
     """One recurrent step per sequence; state rows state_slots are updated in place.
 
     Args:
-        q, k: [B, H, K].
-        v: [B, H, V].
+        q, k: [B, HK, K].
+        v: [B, H, V], H a multiple of HK.
         g: float32 [B, H] log decay.
         beta: [B, H].
         state: float32 [num_slots, H, K, V], read and written at rows state_slots.
@@ -145,6 +153,7 @@ def decode_step(
     qf, kf = q.to(dtype), k.to(dtype)
     if use_qk_l2norm:
         qf, kf = _l2norm(qf), _l2norm(kf)
+    qf, kf = _value_heads(qf, v.shape[1]), _value_heads(kf, v.shape[1])
     slots = state_slots.long()
     S = state[slots].to(dtype) * g.to(dtype).exp()[..., None, None]
     err = v.to(dtype) - torch.einsum("bhkv,bhk->bhv", S, kf)
@@ -152,3 +161,102 @@ def decode_step(
     o = torch.einsum("bhkv,bhk->bhv", S, qf * scale)
     state[slots] = S.to(state.dtype)
     return o.to(q.dtype)
+
+
+def gate(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-Next's gates from the projections: g = -exp(A_log) * softplus(a + dt_bias) (the log
+    decay, <= 0) and beta = sigmoid(b).
+
+    Args:
+        a, b: [N, H] (any float dtype; N tokens).
+        A_log, dt_bias: [H].
+    Returns:
+        (g float32 [N, H], beta [N, H] in b's dtype); float64 for float64 inputs.
+    """
+    dtype = compute_dtype(a, b, A_log, dt_bias)
+    sp = torch.nn.functional.softplus(a.to(dtype) + dt_bias.to(dtype))
+    g = -torch.exp(A_log.to(dtype)) * sp
+    beta = torch.sigmoid(b.to(dtype))
+    return g, beta.to(b.dtype)
+
+
+def _conv_act(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    return torch.nn.functional.silu(y) if activation == "silu" else y
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor | None = None,
+    state_slots: torch.Tensor | None = None,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """Depthwise causal conv1d over a ragged batch, with an optional rolling state per sequence.
+
+    y_t[d] = act(bias[d] + sum_i weight[d, i] * x_{t - (W-1) + i}[d]); inputs before a sequence's
+    first token come from its state (conv_state[slot, d, j] holds x_{-(W-1) + j}), zeros without
+    one. With conv_state, each sequence's state is replaced in place by its last W-1 inputs
+    (for a sequence shorter than W-1 the old state shifts left; an empty one keeps its state).
+
+    Args:
+        x: [T, D]; sequence n owns rows cu_seqlens[n]:cu_seqlens[n+1].
+        weight: [D, W]. bias: [D] or None.
+        cu_seqlens: int32 [N+1].
+        conv_state: [num_slots, D, W-1] (x's dtype) or None; state_slots: int [N] (distinct), given
+            with conv_state.
+        activation: "silu" or None.
+    Returns:
+        y [T, D] in x's dtype.
+    """
+    dtype = compute_dtype(x, weight, bias)
+    width = weight.shape[1]
+    w = weight.to(dtype)
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    y = torch.zeros(x.shape, dtype=dtype, device=x.device)
+    for n in range(len(bounds) - 1):
+        s, e = bounds[n], bounds[n + 1]
+        if conv_state is not None:
+            prev = conv_state[int(state_slots[n])].to(dtype).T  # [W-1, D]
+        else:
+            prev = torch.zeros(width - 1, x.shape[1], dtype=dtype, device=x.device)
+        seq = torch.cat([prev, x[s:e].to(dtype)])  # [W-1 + L, D]
+        for t in range(e - s):
+            acc = (seq[t: t + width] * w.T).sum(0)
+            if bias is not None:
+                acc = acc + bias.to(dtype)
+            y[s + t] = acc
+        if conv_state is not None:
+            conv_state[int(state_slots[n])] = seq[seq.shape[0] - (width - 1):].T.to(conv_state.dtype)
+    return _conv_act(y, activation).to(x.dtype)
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    state_slots: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """One decode token per sequence through the causal conv1d; the state rolls in place.
+
+    Args:
+        x: [B, D]. conv_state: [num_slots, D, W-1], rows state_slots read and replaced by
+            (their last W-2 columns, x). weight: [D, W]. bias: [D] or None.
+        state_slots: int [B] (distinct). activation: "silu" or None.
+    Returns:
+        y [B, D] in x's dtype.
+    """
+    dtype = compute_dtype(x, weight, bias)
+    slots = state_slots.long()
+    window = torch.cat([conv_state[slots].to(dtype), x.to(dtype)[:, :, None]], dim=2)  # [B, D, W]
+    y = (window * weight.to(dtype)).sum(-1)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    conv_state[slots] = window[:, :, 1:].to(conv_state.dtype)
+    return _conv_act(y, activation).to(x.dtype)

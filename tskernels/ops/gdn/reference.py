@@ -21,3 +21,18 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state, **kw):
 @register("gdn", "decode_step", **REF)
 def decode_step(q, k, v, g, beta, state, state_slots, **kw):
     return ref.decode_step(q, k, v, g, beta, state, state_slots, **kw)
+
+
+@register("gdn", "gate", **REF)
+def gate(a, b, A_log, dt_bias):
+    return ref.gate(a, b, A_log, dt_bias)
+
+
+@register("gdn", "causal_conv1d", **REF)
+def causal_conv1d(x, weight, bias=None, **kw):
+    return ref.causal_conv1d(x, weight, bias, **kw)
+
+
+@register("gdn", "causal_conv1d_update", **REF)
+def causal_conv1d_update(x, conv_state, weight, bias=None, **kw):
+    return ref.causal_conv1d_update(x, conv_state, weight, bias, **kw)

@@ -1,0 +1,349 @@
+"""Triton chunked gated delta rule prefill (chunk 64, ragged batches, grouped value heads).
+
+Three launches, each over (chunk, value head) or (value block, sequence x value head):
+
+1. `_wy_kernel` (per chunk): the in-chunk cumulative decay G, the 16 x 16 blocks of
+   A = beta_i e^(G_i - G_j) k_i.k_j (j < i), T = (I + A)^-1 by forward substitution on the four
+   diagonal blocks and the block-triangular merge (fp32 FMA math: 16 x 16 tiles are cheap), then
+   the WY factors W = T (beta e^G K) and U = T (beta V) with tensor-core dots. Fusing these
+   (rather than writing A and reading it back) saves a launch and A's round trip.
+2. `_state_kernel` (sequential over a sequence's chunks, one program per value block): stores
+   the chunk-start state H_c, V'_c = U_c - W_c H_c, and H_(c+1) = e^(G_C) H_c + (e^(G_C - G) K)^T V'.
+3. `_output_kernel` (per chunk): O = (e^G Q) H_c + [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
+
+Ragged batches need no host sync: the grid is an upper bound on the chunk count
+(T // 64 + N), `chunk_offsets` (cumulative chunks per sequence, computed on the device) maps a
+program to its sequence by binary search, and programs past the last chunk exit.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...compile import CompileCase
+from ...registry import register
+from .._common import TRITON
+
+BT = 64  # chunk length
+BC = 16  # sub-block of the in-chunk solve
+HEAD_DIMS = (16, 32, 64, 128)
+FORMATS = {"q": ("fp32", "fp16", "bf16"), "state": ("fp32",)}
+
+
+@triton.jit
+def _locate_chunk(chunk_offsets, c, N, LOG_N: tl.constexpr):
+    """The sequence n with chunk_offsets[n] <= c < chunk_offsets[n + 1] (binary search)."""
+    lo = c * 0
+    hi = lo + N
+    for _ in range(LOG_N):
+        mid = (lo + hi) // 2
+        go = tl.load(chunk_offsets + mid) <= c
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    return lo
+
+
+@triton.jit
+def _inv_unit_lower(a, o):
+    """(I + a)^-1 for a strictly lower-triangular [BC, BC] fp32 tile, by forward substitution:
+    row i of N = T - I is -a_i + sum_(j<i) (-a_ij) N_j (rows 0 and 1 are -a's)."""
+    n = -a
+    for i in range(2, BC):
+        row = tl.sum(tl.where((o == i)[:, None], -a, 0.0), 0)
+        row = tl.where(o < i, row, 0.0)
+        row = row + tl.sum(row[:, None] * n, 0)
+        n = tl.where((o == i)[:, None], row[None, :], n)
+    return n + (o[:, None] == o[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _mm(a, b):
+    """fp32 product of two small fp32 tiles, exact (no tf32 rounding)."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_ptr, N,
+               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               LOG_N: tl.constexpr, PREC: tl.constexpr):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    if c >= tl.load(coff_ptr + N):
+        return
+    n = _locate_chunk(coff_ptr, c, N, LOG_N)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    hk = hv // (HV // HK)
+    o = tl.arange(0, BC)
+    ok = tl.arange(0, K)
+    ov = tl.arange(0, V)
+    dt = k_ptr.dtype.element_ty
+
+    # rows of sub-block b: t0 + 16 b + o; masked rows load zeros and contribute nothing
+    r0, r1, r2, r3 = t0 + o, t0 + BC + o, t0 + 2 * BC + o, t0 + 3 * BC + o
+    m0, m1, m2, m3 = r0 < length, r1 < length, r2 < length, r3 < length
+    g0 = tl.cumsum(tl.load(g_ptr + (bos + r0) * HV + hv, mask=m0, other=0.0), 0)
+    g1 = tl.cumsum(tl.load(g_ptr + (bos + r1) * HV + hv, mask=m1, other=0.0), 0) + tl.sum(tl.where(o == BC - 1, g0, 0.0), 0)
+    g2 = tl.cumsum(tl.load(g_ptr + (bos + r2) * HV + hv, mask=m2, other=0.0), 0) + tl.sum(tl.where(o == BC - 1, g1, 0.0), 0)
+    g3 = tl.cumsum(tl.load(g_ptr + (bos + r3) * HV + hv, mask=m3, other=0.0), 0) + tl.sum(tl.where(o == BC - 1, g2, 0.0), 0)
+    tl.store(G_ptr + (bos + r0) * HV + hv, g0, mask=m0)
+    tl.store(G_ptr + (bos + r1) * HV + hv, g1, mask=m1)
+    tl.store(G_ptr + (bos + r2) * HV + hv, g2, mask=m2)
+    tl.store(G_ptr + (bos + r3) * HV + hv, g3, mask=m3)
+    b0 = tl.load(beta_ptr + (bos + r0) * HV + hv, mask=m0, other=0.0).to(tl.float32)
+    b1 = tl.load(beta_ptr + (bos + r1) * HV + hv, mask=m1, other=0.0).to(tl.float32)
+    b2 = tl.load(beta_ptr + (bos + r2) * HV + hv, mask=m2, other=0.0).to(tl.float32)
+    b3 = tl.load(beta_ptr + (bos + r3) * HV + hv, mask=m3, other=0.0).to(tl.float32)
+
+    kp = k_ptr + hk * K + ok[None, :]
+    k0 = tl.load(kp + (bos + r0)[:, None] * (HK * K), mask=m0[:, None], other=0.0)
+    k1 = tl.load(kp + (bos + r1)[:, None] * (HK * K), mask=m1[:, None], other=0.0)
+    k2 = tl.load(kp + (bos + r2)[:, None] * (HK * K), mask=m2[:, None], other=0.0)
+    k3 = tl.load(kp + (bos + r3)[:, None] * (HK * K), mask=m3[:, None], other=0.0)
+
+    # A_ab = beta_a e^(G_a - G_b) k_a k_b^T (strictly lower on the diagonal blocks)
+    low = o[:, None] > o[None, :]
+    a00 = tl.where(low, tl.dot(k0, tl.trans(k0), input_precision=PREC) * tl.exp(g0[:, None] - g0[None, :]), 0.0) * b0[:, None]
+    a11 = tl.where(low, tl.dot(k1, tl.trans(k1), input_precision=PREC) * tl.exp(g1[:, None] - g1[None, :]), 0.0) * b1[:, None]
+    a22 = tl.where(low, tl.dot(k2, tl.trans(k2), input_precision=PREC) * tl.exp(g2[:, None] - g2[None, :]), 0.0) * b2[:, None]
+    a33 = tl.where(low, tl.dot(k3, tl.trans(k3), input_precision=PREC) * tl.exp(g3[:, None] - g3[None, :]), 0.0) * b3[:, None]
+    a10 = tl.dot(k1, tl.trans(k0), input_precision=PREC) * tl.exp(g1[:, None] - g0[None, :]) * b1[:, None]
+    a20 = tl.dot(k2, tl.trans(k0), input_precision=PREC) * tl.exp(g2[:, None] - g0[None, :]) * b2[:, None]
+    a21 = tl.dot(k2, tl.trans(k1), input_precision=PREC) * tl.exp(g2[:, None] - g1[None, :]) * b2[:, None]
+    a30 = tl.dot(k3, tl.trans(k0), input_precision=PREC) * tl.exp(g3[:, None] - g0[None, :]) * b3[:, None]
+    a31 = tl.dot(k3, tl.trans(k1), input_precision=PREC) * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
+    a32 = tl.dot(k3, tl.trans(k2), input_precision=PREC) * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
+
+    # T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
+    # T_ij = -T_ii sum_(j <= m < i) A_im T_mj
+    t00 = _inv_unit_lower(a00, o)
+    t11 = _inv_unit_lower(a11, o)
+    t22 = _inv_unit_lower(a22, o)
+    t33 = _inv_unit_lower(a33, o)
+    t10 = -_mm(t11, _mm(a10, t00))
+    t21 = -_mm(t22, _mm(a21, t11))
+    t32 = -_mm(t33, _mm(a32, t22))
+    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
+    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
+    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+
+    # W = T (beta e^G K), U = T (beta V), in the activations' dtype
+    kw0 = (k0 * (b0 * tl.exp(g0))[:, None]).to(dt)
+    kw1 = (k1 * (b1 * tl.exp(g1))[:, None]).to(dt)
+    kw2 = (k2 * (b2 * tl.exp(g2))[:, None]).to(dt)
+    kw3 = (k3 * (b3 * tl.exp(g3))[:, None]).to(dt)
+    t00, t10, t11 = t00.to(dt), t10.to(dt), t11.to(dt)
+    t20, t21, t22 = t20.to(dt), t21.to(dt), t22.to(dt)
+    t30, t31, t32, t33 = t30.to(dt), t31.to(dt), t32.to(dt), t33.to(dt)
+    wp = w_ptr + hv * K + ok[None, :]
+    tl.store(wp + (bos + r0)[:, None] * (HV * K),
+             tl.dot(t00, kw0, input_precision=PREC).to(dt), mask=m0[:, None])
+    tl.store(wp + (bos + r1)[:, None] * (HV * K),
+             tl.dot(t11, kw1, tl.dot(t10, kw0, input_precision=PREC),
+                    input_precision=PREC).to(dt), mask=m1[:, None])
+    acc = tl.dot(t21, kw1, tl.dot(t20, kw0, input_precision=PREC), input_precision=PREC)
+    tl.store(wp + (bos + r2)[:, None] * (HV * K),
+             tl.dot(t22, kw2, acc, input_precision=PREC).to(dt), mask=m2[:, None])
+    acc = tl.dot(t31, kw1, tl.dot(t30, kw0, input_precision=PREC), input_precision=PREC)
+    acc = tl.dot(t33, kw3, tl.dot(t32, kw2, acc, input_precision=PREC), input_precision=PREC)
+    tl.store(wp + (bos + r3)[:, None] * (HV * K), acc.to(dt), mask=m3[:, None])
+
+    vp = v_ptr + hv * V + ov[None, :]
+    up = u_ptr + hv * V + ov[None, :]
+    v0 = (tl.load(vp + (bos + r0)[:, None] * (HV * V), mask=m0[:, None], other=0.0) * b0[:, None]).to(dt)
+    v1 = (tl.load(vp + (bos + r1)[:, None] * (HV * V), mask=m1[:, None], other=0.0) * b1[:, None]).to(dt)
+    v2 = (tl.load(vp + (bos + r2)[:, None] * (HV * V), mask=m2[:, None], other=0.0) * b2[:, None]).to(dt)
+    v3 = (tl.load(vp + (bos + r3)[:, None] * (HV * V), mask=m3[:, None], other=0.0) * b3[:, None]).to(dt)
+    tl.store(up + (bos + r0)[:, None] * (HV * V),
+             tl.dot(t00, v0, input_precision=PREC).to(dt), mask=m0[:, None])
+    tl.store(up + (bos + r1)[:, None] * (HV * V),
+             tl.dot(t11, v1, tl.dot(t10, v0, input_precision=PREC),
+                    input_precision=PREC).to(dt), mask=m1[:, None])
+    acc = tl.dot(t21, v1, tl.dot(t20, v0, input_precision=PREC), input_precision=PREC)
+    tl.store(up + (bos + r2)[:, None] * (HV * V),
+             tl.dot(t22, v2, acc, input_precision=PREC).to(dt), mask=m2[:, None])
+    acc = tl.dot(t31, v1, tl.dot(t30, v0, input_precision=PREC), input_precision=PREC)
+    acc = tl.dot(t33, v3, tl.dot(t32, v2, acc, input_precision=PREC), input_precision=PREC)
+    tl.store(up + (bos + r3)[:, None] * (HV * V), acc.to(dt), mask=m3[:, None])
+
+
+@triton.jit
+def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_ptr, coff_ptr,
+                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
+    iv = tl.program_id(0)
+    n = tl.program_id(1) // HV
+    hv = tl.program_id(1) % HV
+    hk = hv // (HV // HK)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    c0 = tl.load(coff_ptr + n).to(tl.int64)
+    ot = tl.arange(0, BT)
+    ok = tl.arange(0, K)
+    ov = iv * BV + tl.arange(0, BV)
+    dt = k_ptr.dtype.element_ty
+    sidx = ok[:, None] * V + ov[None, :]
+    state_off = (n * HV + hv).to(tl.int64) * K * V
+    if HAS_H0:
+        h = tl.load(h0_ptr + state_off + sidx).to(tl.float32)
+    else:
+        h = tl.zeros([K, BV], dtype=tl.float32)
+    for i in range(tl.cdiv(length, BT)):
+        rows = i * BT + ot
+        m = rows < length
+        tl.store(h_ptr + ((c0 + i) * HV + hv) * K * V + sidx, h.to(dt))
+        w = tl.load(w_ptr + (bos + rows)[:, None] * (HV * K) + hv * K + ok[None, :],
+                    mask=m[:, None], other=0.0)
+        u = tl.load(u_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :],
+                    mask=m[:, None], other=0.0)
+        vn = u.to(tl.float32) - tl.dot(w, h.to(dt), input_precision=PREC)
+        tl.store(vn_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :], vn.to(dt),
+                 mask=m[:, None])
+        G = tl.load(G_ptr + (bos + rows) * HV + hv, mask=m, other=0.0)
+        last = tl.load(G_ptr + (bos + tl.minimum(i * BT + BT, length) - 1) * HV + hv)
+        kk = tl.load(k_ptr + (bos + rows)[:, None] * (HK * K) + hk * K + ok[None, :],
+                     mask=m[:, None], other=0.0)
+        vs = tl.where(m[:, None], vn * tl.exp(last - G)[:, None], 0.0).to(dt)
+        h = h * tl.exp(last) + tl.dot(tl.trans(kk), vs, input_precision=PREC)
+    tl.store(ht_ptr + state_off + sidx, h)
+
+
+@triton.jit
+def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, N, scale,
+                   HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   LOG_N: tl.constexpr, PREC: tl.constexpr):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    if c >= tl.load(coff_ptr + N):
+        return
+    n = _locate_chunk(coff_ptr, c, N, LOG_N)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    hk = hv // (HV // HK)
+    ot = tl.arange(0, BT)
+    ok = tl.arange(0, K)
+    ov = tl.arange(0, V)
+    dt = q_ptr.dtype.element_ty
+    rows = bos + t0 + ot
+    m = t0 + ot < length
+    q = tl.load(q_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None], other=0.0)
+    kk = tl.load(k_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None], other=0.0)
+    G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
+    h = tl.load(h_ptr + (c.to(tl.int64) * HV + hv) * K * V + ok[:, None] * V + ov[None, :])
+    vn = tl.load(vn_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], mask=m[:, None], other=0.0)
+    inter = tl.dot(q, h, input_precision=PREC) * tl.exp(G)[:, None]
+    qk = tl.dot(q, tl.trans(kk), input_precision=PREC)
+    causal = (ot[:, None] >= ot[None, :]) & m[None, :]
+    qk = tl.where(causal, qk * tl.exp(G[:, None] - G[None, :]), 0.0)
+    out = (inter + tl.dot(qk.to(dt), vn, input_precision=PREC)) * scale
+    tl.store(o_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=m[:, None])
+
+
+@triton.jit
+def _l2norm_kernel(x_ptr, y_ptr, rows, D: tl.constexpr, ROWS: tl.constexpr):
+    """y = x / sqrt(sum(x^2) + 1e-6) per row of length D (q and k of Qwen3-Next's GDN)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    m = r < rows
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * D + cols[None, :], mask=m[:, None],
+                other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+    tl.store(y_ptr + r[:, None].to(tl.int64) * D + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=m[:, None])
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise L2 normalisation of a contiguous [..., D] tensor (D a power of two)."""
+    d = x.shape[-1]
+    y = torch.empty_like(x)
+    rows = x.numel() // d
+    if rows:
+        _l2norm_kernel[(triton.cdiv(rows, 16),)](x, y, rows, D=d, ROWS=16, num_warps=4)
+    return y
+
+
+def _prec(dtype: torch.dtype) -> str:
+    # fp32 activations keep fp32 products (ieee); fp16 / bf16 tiles multiply natively
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _chunk_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """int32 [N + 1]: cumulative chunks per sequence, on the device (no host sync)."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    chunks = torch.div(lens + (BT - 1), BT, rounding_mode="floor")
+    return torch.cat([torch.zeros(1, dtype=torch.int32, device=cu_seqlens.device),
+                      chunks.cumsum(0).to(torch.int32)])
+
+
+def _dims_ok(d: int) -> bool:
+    return d in HEAD_DIMS
+
+
+@register("gdn", "chunk_prefill", **TRITON, formats=FORMATS,
+          traits={"head_dim_k": _dims_ok, "head_dim_v": _dims_ok},
+          tags=("deterministic", "throughput"), compile_cases=lambda: _cases())
+def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None,
+                  chunk_size=64, use_qk_l2norm=False):
+    """Triton chunked gated delta rule (WY / UT form, chunk 64, fp32 state)."""
+    total, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    num_seqs = cu_seqlens.shape[0] - 1
+    dev = q.device
+    scale = dk ** -0.5 if scale is None else float(scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g = g.contiguous().float()
+    beta = beta.contiguous()
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    cu = cu_seqlens.to(torch.int32).contiguous()
+    coff = _chunk_offsets(cu)
+    max_chunks = total // BT + num_seqs
+    dt = q.dtype
+    G = torch.empty(total, hv, dtype=torch.float32, device=dev)
+    w = torch.empty(total, hv, dk, dtype=dt, device=dev)
+    u = torch.empty(total, hv, dv, dtype=dt, device=dev)
+    vn = torch.empty(total, hv, dv, dtype=dt, device=dev)
+    h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
+    o = torch.empty(total, hv, dv, dtype=dt, device=dev)
+    final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
+    log_n = max(1, (num_seqs - 1).bit_length()) + 1
+    prec = _prec(dt)
+    if max_chunks:
+        _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
+                                     K=dk, V=dv, LOG_N=log_n, PREC=prec, num_warps=4)
+    h0 = initial_state.contiguous().float() if initial_state is not None else final
+    bv = min(dv, 32)
+    _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
+                                             K=dk, V=dv, BV=bv, HAS_H0=initial_state is not None,
+                                             PREC=prec, num_warps=4)
+    if max_chunks:
+        _output_kernel[(max_chunks, hv)](q, k, vn, h, G, o, cu, coff, num_seqs, scale, HK=hk,
+                                         HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
+                                         num_warps=8 if dv >= 128 else 4)
+    return o, final
+
+
+def _cases():
+    common = {"cu_ptr": "*i32", "coff_ptr": "*i32"}
+    wy = {"k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*bf16",
+          **common, "G_ptr": "*fp32", "w_ptr": "*bf16", "u_ptr": "*bf16", "N": "i32"}
+    st = {"k_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "G_ptr": "*fp32",
+          "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common}
+    out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
+           "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "N": "i32", "scale": "fp32"}
+    heads = dict(HK=16, HV=32, K=128, V=128, PREC="tf32")
+    return [
+        # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
+        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4), num_warps=4, uses_dot=True,
+                    narrow_dot=True, label="wy"),
+        CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
+                    uses_dot=True, label="state"),
+        CompileCase(_output_kernel, out, dict(heads, LOG_N=4), num_warps=8, uses_dot=True,
+                    label="output"),
+        CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "rows": "i32"},
+                    dict(D=128, ROWS=16), num_warps=4, label="l2norm"),
+    ]
