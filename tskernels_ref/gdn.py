@@ -50,10 +50,10 @@ def _chunk_sequence(q, k, v, g, beta, state, chunk_size):
     gc = chunks(g[..., None])[..., 0]
     bc = chunks(beta[..., None])[..., 0]
     G = gc.cumsum(dim=-1)
-    tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool).tril()
+    tril = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     diff = (G[..., :, None] - G[..., None, :]).masked_fill(~tril, float("-inf"))
     decay = diff.exp()  # e^(G_i - G_j) for j <= i, else 0
-    eye = torch.eye(chunk_size, dtype=q.dtype)
+    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
     A = (bc[..., None] * (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
     T = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
     W = T @ ((bc * G.exp())[..., None] * kc)
@@ -109,11 +109,12 @@ def chunk_prefill(
     vf, gf, bf = v.to(dtype), g.to(dtype), beta.to(dtype)
     bounds = [int(x) for x in cu_seqlens.tolist()]
     num_seqs = len(bounds) - 1
-    o = torch.zeros(q.shape[0], heads, dv, dtype=dtype)
-    final = torch.zeros(num_seqs, heads, dk, dv, dtype=dtype)
+    o = torch.zeros(q.shape[0], heads, dv, dtype=dtype, device=q.device)
+    final = torch.zeros(num_seqs, heads, dk, dv, dtype=dtype, device=q.device)
     for n in range(num_seqs):
         start, end = bounds[n], bounds[n + 1]
-        state = torch.zeros(heads, dk, dv, dtype=dtype) if initial_state is None else initial_state[n].to(dtype)
+        state = torch.zeros(heads, dk, dv, dtype=dtype, device=q.device) if initial_state is None \
+            else initial_state[n].to(dtype)
         if end > start:
             o[start:end], state = _chunk_sequence(
                 qf[start:end], kf[start:end], vf[start:end], gf[start:end], bf[start:end], state, chunk_size

@@ -1,0 +1,186 @@
+"""Triton gated delta rule (chunked prefill, decode step) vs the token-by-token recurrence in
+float64: ragged batches with empty and one-token sequences, grouped value heads, initial
+states, prefill split in pieces, NaN-poisoned unused state slots. Interpreter on CPU, the real
+GPU with -m gpu (larger shapes there)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tskernels
+import tskernels_ref.gdn as ref
+from tskernels.numerics import assert_close
+
+from ..conftest import HAS_CUDA
+
+gdn = tskernels.gdn
+# Each distinct (heads, dims, dtype) compiles its kernels once on the GPU: keep the set small.
+DTYPES = [torch.float32, torch.bfloat16] if HAS_CUDA else [torch.float32, torch.float16]
+DIMS = [(16, 32), (128, 128)] if HAS_CUDA else [(16, 16), (16, 32)]
+MAX_LEN = 300 if HAS_CUDA else 140
+EXAMPLES = 30 if HAS_CUDA else 10
+
+
+def recurrence(q, k, v, g, beta, state, scale, l2):
+    """One sequence, float64, token by token: q, k [L, HK, K]; v [L, H, V]; state [H, K, V]."""
+    q, k, v, g, beta = (x.double().cpu() for x in (q, k, v, g, beta))
+    if l2:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    group = v.shape[1] // q.shape[1]
+    state = state.double().cpu().clone()
+    out = torch.zeros(v.shape, dtype=torch.float64)
+    for t in range(q.shape[0]):
+        for h in range(v.shape[1]):
+            kt, qt = k[t, h // group], q[t, h // group]
+            s = state[h] * math.exp(float(g[t, h]))
+            s = s + float(beta[t, h]) * torch.outer(kt, v[t, h] - s.T @ kt)
+            out[t, h] = s.T @ (qt * scale)
+            state[h] = s
+    return out, state
+
+
+def problem(lens, hk, group, dk, dv, dtype, device, seed, l2=True):
+    gen = torch.Generator().manual_seed(seed)
+    total, hv = sum(lens), hk * group
+    q = torch.randn(total, hk, dk, generator=gen)
+    k = torch.randn(total, hk, dk, generator=gen)
+    if not l2:  # unit keys keep the delta rule contractive, as the models' L2 norm does
+        k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.randn(total, hv, dv, generator=gen)
+    g = F.logsigmoid(torch.randn(total, hv, generator=gen) + 2)
+    beta = torch.rand(total, hv, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()],
+                      dtype=torch.int32)
+    to = lambda x: x.to(device, dtype)  # noqa: E731
+    return dict(q=to(q), k=to(k), v=to(v), g=g.to(device), beta=to(beta),
+                cu_seqlens=cu.to(device))
+
+
+def check_prefill(x, o, final, init, scale, l2, name=""):
+    bounds = x["cu_seqlens"].tolist()
+    dtype = x["q"].dtype
+    want_o = torch.zeros(o.shape, dtype=torch.float64)
+    want_s = torch.zeros(final.shape, dtype=torch.float64)
+    for n in range(len(bounds) - 1):
+        s, e = bounds[n], bounds[n + 1]
+        start = init[n] if init is not None else torch.zeros(final.shape[1:])
+        want_o[s:e], want_s[n] = recurrence(*(x[a][s:e] for a in ("q", "k", "v", "g", "beta")),
+                                            start, scale, l2)
+    assert_close(o, want_o, dtype, name=f"{name}o")
+    assert_close(final, want_s, dtype, name=f"{name}final_state")
+
+
+@settings(max_examples=EXAMPLES)
+@given(lens=st.lists(st.one_of(st.sampled_from([0, 1, 64, 65]), st.integers(0, MAX_LEN)),
+                     min_size=1, max_size=4),
+       hk=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]), dims=st.sampled_from(DIMS),
+       dtype=st.sampled_from(DTYPES), with_state=st.booleans(), l2=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_chunk_prefill_matches_recurrence(kernel_device, lens, hk, group, dims, dtype,
+                                          with_state, l2, seed):
+    x = problem(lens, hk, group, *dims, dtype, kernel_device, seed, l2)
+    hv = hk * group
+    init = (torch.randn(len(lens), hv, *dims, generator=torch.Generator().manual_seed(seed)) * 0.5
+            if with_state else None)
+    o, final = gdn.chunk_prefill(**x, initial_state=None if init is None else
+                                 init.to(kernel_device), scale=0.3, use_qk_l2norm=l2,
+                                 backend="triton")
+    assert o.dtype == dtype and final.dtype == torch.float32
+    check_prefill(x, o, final, init, 0.3, l2)
+
+
+@settings(max_examples=EXAMPLES)
+@given(lens=st.lists(st.integers(0, MAX_LEN), min_size=1, max_size=3),
+       cut=st.floats(0, 1), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
+def test_prefill_in_pieces_equals_one_prefill(kernel_device, lens, cut, dtype, seed):
+    """State carried across prefill chunks (any split point, also inside a 64-token chunk)."""
+    dk, dv = DIMS[-1]
+    x = problem(lens, 2, 2, dk, dv, dtype, kernel_device, seed)
+    one_o, one_s = gdn.chunk_prefill(**x, use_qk_l2norm=True, backend="triton")
+    first = [int(n * cut) for n in lens]
+    bounds = x["cu_seqlens"].tolist()
+    pieces = [[], []]
+    for n, f in enumerate(first):
+        pieces[0].append(torch.arange(bounds[n], bounds[n] + f))
+        pieces[1].append(torch.arange(bounds[n] + f, bounds[n + 1]))
+    state, outs = None, []
+    for part, part_lens in zip(pieces, (first, [n - f for n, f in zip(lens, first)])):
+        idx = torch.cat(part).to(kernel_device)
+        sub = {a: x[a][idx] for a in ("q", "k", "v", "g", "beta")}
+        cu = torch.tensor([0, *torch.tensor(part_lens).cumsum(0).tolist()], dtype=torch.int32)
+        o, state = gdn.chunk_prefill(**sub, cu_seqlens=cu.to(kernel_device), initial_state=state,
+                                     use_qk_l2norm=True, backend="triton")
+        outs.append((idx, o))
+    got = torch.empty_like(one_o)
+    for idx, o in outs:
+        got[idx] = o
+    assert_close(got, one_o.double(), dtype, name="pieces o")
+    assert_close(state, one_s.double(), dtype, name="pieces state")
+
+
+def poisoned_pool(num_slots, hv, dk, dv, used, device, gen):
+    """A state pool whose slots not in `used` hold NaN (a kernel touching them shows)."""
+    pool = torch.full((num_slots, hv, dk, dv), float("nan"))
+    pool[used] = torch.randn(len(used), hv, dk, dv, generator=gen) * 0.5
+    return pool.to(device)
+
+
+@settings(max_examples=EXAMPLES)
+@given(batch=st.integers(1, 9), hk=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]),
+       dims=st.sampled_from(DIMS), dtype=st.sampled_from(DTYPES), l2=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_decode_step_slots(kernel_device, batch, hk, group, dims, dtype, l2, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = problem([1] * batch, hk, group, *dims, dtype, kernel_device, seed, l2)
+    del x["cu_seqlens"]
+    num_slots = batch + 4
+    slots = torch.randperm(num_slots, generator=gen)[:batch]
+    pool = poisoned_pool(num_slots, hk * group, *dims, slots.tolist(), kernel_device, gen)
+    before = pool.cpu().clone()
+    o = gdn.decode_step(**x, state=pool, state_slots=slots.to(kernel_device, torch.int32),
+                        use_qk_l2norm=l2, backend="triton")
+    scale = dims[0] ** -0.5
+    want_o = torch.zeros(o.shape, dtype=torch.float64)
+    for b, slot in enumerate(slots.tolist()):
+        want_o[b: b + 1], want_s = recurrence(*(x[a][b: b + 1] for a in ("q", "k", "v", "g",
+                                                                         "beta")),
+                                              before[slot], scale, l2)
+        assert_close(pool[slot], want_s, dtype, name=f"state slot {slot}")
+    assert_close(o, want_o, dtype, name="decode o")
+    unused = [s for s in range(num_slots) if s not in slots.tolist()]
+    assert torch.isnan(pool[unused]).all(), "an unused (NaN) slot was written"
+
+
+def test_decode_continues_prefill(kernel_device):
+    dk, dv = DIMS[-1]
+    x = problem([41, 7], 2, 2, dk, dv, DTYPES[0], kernel_device, 5)
+    one_o, one_s = gdn.chunk_prefill(**x, use_qk_l2norm=True, backend="triton")
+    last = torch.tensor([40, 47], device=kernel_device)
+    keep = torch.ones(48, dtype=torch.bool)
+    keep[[40, 47]] = False
+    pre = {a: x[a][keep.to(kernel_device)] for a in ("q", "k", "v", "g", "beta")}
+    cu = torch.tensor([0, 40, 46], dtype=torch.int32, device=kernel_device)
+    _, state = gdn.chunk_prefill(**pre, cu_seqlens=cu, use_qk_l2norm=True, backend="triton")
+    pool = torch.full((5, *state.shape[1:]), float("nan"), device=kernel_device)
+    pool[[3, 0]] = state
+    o = gdn.decode_step(*(x[a][last] for a in ("q", "k", "v", "g", "beta")), pool,
+                        torch.tensor([3, 0], dtype=torch.int32, device=kernel_device),
+                        use_qk_l2norm=True, backend="triton")
+    assert_close(o, one_o[last].double(), name="decode after prefill")
+    assert_close(pool[[3, 0]], one_s.double(), name="state after decode")
+
+
+def test_triton_matches_reference_module_on_chunked_form(kernel_device):
+    """The kernel and tskernels_ref's chunked form agree on one mid-size problem."""
+    dk, dv = DIMS[-1]
+    x = problem([130, 0, 1, 77], 2, 2, dk, dv, torch.float32, kernel_device, 9)
+    o, s = gdn.chunk_prefill(**x, use_qk_l2norm=True, backend="triton")
+    ro, rs = ref.chunk_prefill(*(x[a].cpu().double() for a in ("q", "k", "v", "g", "beta")),
+                               cu_seqlens=x["cu_seqlens"].cpu(), use_qk_l2norm=True)
+    assert_close(o, ro, name="o")
+    assert_close(s, rs, name="final_state")
