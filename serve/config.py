@@ -152,11 +152,19 @@ def load_model_config(model: str):
         model_type = d.pop("model_type", None)
         if model_type is None:
             raise ValueError(f"model: config {spec!r} has no model_type")
-        return AutoConfig.for_model(model_type, **d), None
+        return _checked(AutoConfig.for_model(model_type, **d)), None
     if not os.path.isdir(model):
         raise ValueError(f"model: {model!r} is not 'default', a local HF directory, "
                          "'dummy:<name>' or 'dummy:/path/config.json'")
-    return AutoConfig.from_pretrained(model), model
+    return _checked(AutoConfig.from_pretrained(model)), model
+
+
+def _checked(cfg):
+    """The config, once serve.model_support found nothing in it the model code would compute
+    differently from the checkpoint's own math (UnsupportedConfigError names every field)."""
+    from .model_support import check_model_config
+    check_model_config(cfg)
+    return cfg
 
 
 def rope_params(cfg) -> tuple[float, dict | None]:

@@ -82,6 +82,8 @@ class AttentionState:
         nd, nr = meta.num_decode, meta.num_requests
         self.num_decode_tokens = nd
         mode = "per_tensor" if pool.fp8 else None
+        self._plan_args = dict(num_q_heads=num_q_heads, q_dtype=q_dtype, kv_scale_mode=mode)
+        self._windowed: dict[int, tuple] = {}   # sliding window W -> (decode, extend) plans
         self.decode = self.extend = None
         self.extend_args = None
         if not pool.is_mla:
@@ -106,8 +108,33 @@ class AttentionState:
                 self.extend_args = (meta.qo_indptr[nd:] - nd, meta.page_table[nd:],
                                     meta.seq_lens[nd:])
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Store the new tokens' K/V, then attend. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+    def plans(self, sliding_window: int | None = None) -> tuple:
+        """(decode, extend) plans of this step for layers attending to all keys (None) or to
+        their last `sliding_window` keys; windowed plans are built on a layer's first call and
+        shared by every layer with that window (CUDA graphs: during the warm-up run)."""
+        if sliding_window is None:
+            return self.decode, self.extend
+        got = self._windowed.get(sliding_window)
+        if got is None:
+            m, nd, a = self.meta, self.num_decode_tokens, self._plan_args
+            like = self.pool.k[0]
+            dec = ext = None
+            if self.decode is not None:
+                dec = tskernels.attention.decode_plan(
+                    m.page_table[:nd], m.seq_lens[:nd], k_cache=like, max_seq_len=m.max_seq_len,
+                    sliding_window=sliding_window, **a)
+            if self.extend is not None:
+                ext = tskernels.attention.extend_plan(
+                    m.qo_indptr[nd:] - nd, m.page_table[nd:], m.seq_lens[nd:], k_cache=like,
+                    sliding_window=sliding_window, **a)
+            got = self._windowed[sliding_window] = (dec, ext)
+        return got
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                sliding_window: int | None = None):
+        """Store the new tokens' K/V, then attend (to the last `sliding_window` keys only when
+        given). q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        decode, extend = self.plans(sliding_window)
         p, s = self.pool, self.pool.scale
         kc, vc = p.k[layer], p.v[layer]
         if self._store is not None:  # the CPU backend's store, bound once (shapes fixed)
@@ -116,17 +143,17 @@ class AttentionState:
             tskernels.attention.store_kv(k, v, kc, vc, self.meta.slot_mapping, k_scale=s,
                                          v_scale=s)
         nd = self.num_decode_tokens
-        if self.extend is None:
-            return self.decode.run(q, kc, vc, k_scale=s, v_scale=s)
+        if extend is None:
+            return decode.run(q, kc, vc, k_scale=s, v_scale=s)
         # the new tokens' own K/V as well (same values as just stored; a 16-bit / fp32 cache
         # holds them unquantised): the extend kernel reads them contiguously and only the
         # cached prefix through the page table
         new = {} if p.fp8 else dict(k=k[nd:], v=v[nd:])
-        if self.decode is None:
-            return self.extend.run(q, kc, vc, k_scale=s, v_scale=s, **new)
+        if decode is None:
+            return extend.run(q, kc, vc, k_scale=s, v_scale=s, **new)
         o = torch.empty_like(q)
-        self.decode.run(q[:nd], kc, vc, k_scale=s, v_scale=s, out=o[:nd])
-        self.extend.run(q[nd:], kc, vc, k_scale=s, v_scale=s, out=o[nd:], **new)
+        decode.run(q[:nd], kc, vc, k_scale=s, v_scale=s, out=o[:nd])
+        extend.run(q[nd:], kc, vc, k_scale=s, v_scale=s, out=o[nd:], **new)
         return o
 
     def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor, scale: float,

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from .deepseek_v3 import DeepseekV3ForCausalLM
-from .llama import LlamaForCausalLM, Qwen3ForCausalLM
+from .llama import LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
 MODELS = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,

@@ -71,6 +71,14 @@ def silu_and_mul(x: torch.Tensor):
     return k(x, out=None)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor):
+    if x.device.type != "cpu":
+        return tskernels.activation.gelu_tanh_and_mul(x)
+    k = bind(("gelu_tanh_and_mul", x.dtype), "activation", "gelu_tanh_and_mul",
+             lambda: dict(formats={"x": fmt(x.dtype)}))
+    return k(x, out=None)
+
+
 def apply_rope(q, k, positions, cos_sin_cache, *, style: str):
     if q.device.type != "cpu":
         return tskernels.rope.apply_rope(q, k, positions, cos_sin_cache, style=style)

@@ -64,15 +64,19 @@ class Embedding(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate|up fused into one GEMM."""
+    """down(act(gate(x)) * up(x)) with gate|up fused into one GEMM; act "silu" (SwiGLU) or
+    "gelu_tanh" (GeGLU, tanh approximation; serve.model_support.mlp_activation maps HF names)."""
 
-    def __init__(self, hidden: int, inter: int):
+    def __init__(self, hidden: int, inter: int, act: str = "silu"):
         super().__init__()
+        if act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"act: expected 'silu' or 'gelu_tanh', got {act!r}")
         self.gate_up_proj = Linear(hidden, [inter, inter], ["gate_proj", "up_proj"])
         self.down_proj = Linear(inter, hidden)
+        self._act = ops.silu_and_mul if act == "silu" else ops.gelu_tanh_and_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self._act(self.gate_up_proj(x)))
 
 
 class Experts(nn.Module):
@@ -129,9 +133,11 @@ class PagedAttention(nn.Module):
     """GQA self-attention over the paged KV cache: fused qkv projection, optional per-head q/k
     RMSNorm (Qwen3), RoPE, store the new K/V, then the step's attention plan."""
 
-    def __init__(self, cfg, layer_id: int, rotary: Rotary, qk_norm: bool = False):
+    def __init__(self, cfg, layer_id: int, rotary: Rotary, qk_norm: bool = False,
+                 sliding_window: int | None = None):
         super().__init__()
         self.layer_id = layer_id
+        self.sliding_window = sliding_window  # attend to the last W keys only (None: all)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
@@ -154,7 +160,7 @@ class PagedAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q, k, batch.positions)
-        o = batch.attention.forward(self.layer_id, q, k, v)
+        o = batch.attention.forward(self.layer_id, q, k, v, sliding_window=self.sliding_window)
         return self.o_proj(o.view(t, -1))
 
 

@@ -1,9 +1,11 @@
-"""Llama family (Llama-2/3, SmolLM2) and Qwen3 dense: GQA + RoPE + SwiGLU, pre-norm."""
+"""Llama family (Llama-2/3, SmolLM2), Mistral and Qwen3 dense: GQA + RoPE + gated MLP (SwiGLU or
+GeGLU-tanh), pre-norm, optional sliding-window layers (per layer: serve.model_support)."""
 from __future__ import annotations
 
 from tskernels import GQACacheSpec
 
 from ..config import rope_params
+from ..model_support import layer_windows, mlp_activation
 from .layers import CausalLM, DecoderLayer, GatedMLP, PagedAttention, Rotary, rope_table
 
 
@@ -16,12 +18,14 @@ class LlamaForCausalLM(CausalLM):
         theta, scaling = rope_params(cfg)
         self.rotary = Rotary(rope_table(head_dim, max_position or cfg.max_position_embeddings,
                                         theta, scaling, device))
+        self.windows = layer_windows(cfg)
         for i in range(cfg.num_hidden_layers):
-            attn = PagedAttention(cfg, i, self.rotary, qk_norm=self.qk_norm)
+            attn = PagedAttention(cfg, i, self.rotary, qk_norm=self.qk_norm,
+                                  sliding_window=self.windows[i])
             self.layers.append(DecoderLayer(cfg, attn, self.make_mlp(cfg, i)))
 
     def make_mlp(self, cfg, layer_id: int):
-        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=mlp_activation(cfg))
 
     def kv_cache_spec(self) -> GQACacheSpec:
         """What one layer's paged cache holds per token (the runner allocates it)."""
@@ -34,3 +38,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 dense: Llama plus a per-head RMSNorm on q and k before RoPE."""
 
     qk_norm = True
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama with every layer attending to its last `sliding_window` keys (when set)."""
