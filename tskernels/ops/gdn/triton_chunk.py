@@ -25,8 +25,9 @@ from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
 
-BT = 64  # chunk length
-BC = 16  # sub-block of the in-chunk solve
+CHUNK = 64
+BT = tl.constexpr(CHUNK)  # chunk length
+BC = tl.constexpr(16)  # sub-block of the in-chunk solve
 HEAD_DIMS = (16, 32, 64, 128)
 FORMATS = {"q": ("fp32", "fp16", "bf16"), "state": ("fp32",)}
 
@@ -61,6 +62,15 @@ def _inv_unit_lower(a, o):
 def _mm(a, b):
     """fp32 product of two small fp32 tiles, exact (no tf32 rounding)."""
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _dot(a, b, acc=None, IEEE: tl.constexpr = False):
+    """a @ b (+ acc); IEEE: fp32 tiles multiplied in full fp32 rather than tf32."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -105,16 +115,16 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
 
     # A_ab = beta_a e^(G_a - G_b) k_a k_b^T (strictly lower on the diagonal blocks)
     low = o[:, None] > o[None, :]
-    a00 = tl.where(low, tl.dot(k0, tl.trans(k0), input_precision=PREC) * tl.exp(g0[:, None] - g0[None, :]), 0.0) * b0[:, None]
-    a11 = tl.where(low, tl.dot(k1, tl.trans(k1), input_precision=PREC) * tl.exp(g1[:, None] - g1[None, :]), 0.0) * b1[:, None]
-    a22 = tl.where(low, tl.dot(k2, tl.trans(k2), input_precision=PREC) * tl.exp(g2[:, None] - g2[None, :]), 0.0) * b2[:, None]
-    a33 = tl.where(low, tl.dot(k3, tl.trans(k3), input_precision=PREC) * tl.exp(g3[:, None] - g3[None, :]), 0.0) * b3[:, None]
-    a10 = tl.dot(k1, tl.trans(k0), input_precision=PREC) * tl.exp(g1[:, None] - g0[None, :]) * b1[:, None]
-    a20 = tl.dot(k2, tl.trans(k0), input_precision=PREC) * tl.exp(g2[:, None] - g0[None, :]) * b2[:, None]
-    a21 = tl.dot(k2, tl.trans(k1), input_precision=PREC) * tl.exp(g2[:, None] - g1[None, :]) * b2[:, None]
-    a30 = tl.dot(k3, tl.trans(k0), input_precision=PREC) * tl.exp(g3[:, None] - g0[None, :]) * b3[:, None]
-    a31 = tl.dot(k3, tl.trans(k1), input_precision=PREC) * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
-    a32 = tl.dot(k3, tl.trans(k2), input_precision=PREC) * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
+    a00 = tl.where(low, _dot(k0, tl.trans(k0), IEEE=PREC) * tl.exp(g0[:, None] - g0[None, :]), 0.0) * b0[:, None]
+    a11 = tl.where(low, _dot(k1, tl.trans(k1), IEEE=PREC) * tl.exp(g1[:, None] - g1[None, :]), 0.0) * b1[:, None]
+    a22 = tl.where(low, _dot(k2, tl.trans(k2), IEEE=PREC) * tl.exp(g2[:, None] - g2[None, :]), 0.0) * b2[:, None]
+    a33 = tl.where(low, _dot(k3, tl.trans(k3), IEEE=PREC) * tl.exp(g3[:, None] - g3[None, :]), 0.0) * b3[:, None]
+    a10 = _dot(k1, tl.trans(k0), IEEE=PREC) * tl.exp(g1[:, None] - g0[None, :]) * b1[:, None]
+    a20 = _dot(k2, tl.trans(k0), IEEE=PREC) * tl.exp(g2[:, None] - g0[None, :]) * b2[:, None]
+    a21 = _dot(k2, tl.trans(k1), IEEE=PREC) * tl.exp(g2[:, None] - g1[None, :]) * b2[:, None]
+    a30 = _dot(k3, tl.trans(k0), IEEE=PREC) * tl.exp(g3[:, None] - g0[None, :]) * b3[:, None]
+    a31 = _dot(k3, tl.trans(k1), IEEE=PREC) * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
+    a32 = _dot(k3, tl.trans(k2), IEEE=PREC) * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
 
     # T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
     # T_ij = -T_ii sum_(j <= m < i) A_im T_mj
@@ -139,15 +149,15 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
     t30, t31, t32, t33 = t30.to(dt), t31.to(dt), t32.to(dt), t33.to(dt)
     wp = w_ptr + hv * K + ok[None, :]
     tl.store(wp + (bos + r0)[:, None] * (HV * K),
-             tl.dot(t00, kw0, input_precision=PREC).to(dt), mask=m0[:, None])
+             _dot(t00, kw0, IEEE=PREC).to(dt), mask=m0[:, None])
     tl.store(wp + (bos + r1)[:, None] * (HV * K),
-             tl.dot(t11, kw1, tl.dot(t10, kw0, input_precision=PREC),
-                    input_precision=PREC).to(dt), mask=m1[:, None])
-    acc = tl.dot(t21, kw1, tl.dot(t20, kw0, input_precision=PREC), input_precision=PREC)
+             _dot(t11, kw1, _dot(t10, kw0, IEEE=PREC),
+                    IEEE=PREC).to(dt), mask=m1[:, None])
+    acc = _dot(t21, kw1, _dot(t20, kw0, IEEE=PREC), IEEE=PREC)
     tl.store(wp + (bos + r2)[:, None] * (HV * K),
-             tl.dot(t22, kw2, acc, input_precision=PREC).to(dt), mask=m2[:, None])
-    acc = tl.dot(t31, kw1, tl.dot(t30, kw0, input_precision=PREC), input_precision=PREC)
-    acc = tl.dot(t33, kw3, tl.dot(t32, kw2, acc, input_precision=PREC), input_precision=PREC)
+             _dot(t22, kw2, acc, IEEE=PREC).to(dt), mask=m2[:, None])
+    acc = _dot(t31, kw1, _dot(t30, kw0, IEEE=PREC), IEEE=PREC)
+    acc = _dot(t33, kw3, _dot(t32, kw2, acc, IEEE=PREC), IEEE=PREC)
     tl.store(wp + (bos + r3)[:, None] * (HV * K), acc.to(dt), mask=m3[:, None])
 
     vp = v_ptr + hv * V + ov[None, :]
@@ -157,15 +167,15 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
     v2 = (tl.load(vp + (bos + r2)[:, None] * (HV * V), mask=m2[:, None], other=0.0) * b2[:, None]).to(dt)
     v3 = (tl.load(vp + (bos + r3)[:, None] * (HV * V), mask=m3[:, None], other=0.0) * b3[:, None]).to(dt)
     tl.store(up + (bos + r0)[:, None] * (HV * V),
-             tl.dot(t00, v0, input_precision=PREC).to(dt), mask=m0[:, None])
+             _dot(t00, v0, IEEE=PREC).to(dt), mask=m0[:, None])
     tl.store(up + (bos + r1)[:, None] * (HV * V),
-             tl.dot(t11, v1, tl.dot(t10, v0, input_precision=PREC),
-                    input_precision=PREC).to(dt), mask=m1[:, None])
-    acc = tl.dot(t21, v1, tl.dot(t20, v0, input_precision=PREC), input_precision=PREC)
+             _dot(t11, v1, _dot(t10, v0, IEEE=PREC),
+                    IEEE=PREC).to(dt), mask=m1[:, None])
+    acc = _dot(t21, v1, _dot(t20, v0, IEEE=PREC), IEEE=PREC)
     tl.store(up + (bos + r2)[:, None] * (HV * V),
-             tl.dot(t22, v2, acc, input_precision=PREC).to(dt), mask=m2[:, None])
-    acc = tl.dot(t31, v1, tl.dot(t30, v0, input_precision=PREC), input_precision=PREC)
-    acc = tl.dot(t33, v3, tl.dot(t32, v2, acc, input_precision=PREC), input_precision=PREC)
+             _dot(t22, v2, acc, IEEE=PREC).to(dt), mask=m2[:, None])
+    acc = _dot(t31, v1, _dot(t30, v0, IEEE=PREC), IEEE=PREC)
+    acc = _dot(t33, v3, _dot(t32, v2, acc, IEEE=PREC), IEEE=PREC)
     tl.store(up + (bos + r3)[:, None] * (HV * V), acc.to(dt), mask=m3[:, None])
 
 
@@ -198,7 +208,7 @@ def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_
                     mask=m[:, None], other=0.0)
         u = tl.load(u_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :],
                     mask=m[:, None], other=0.0)
-        vn = u.to(tl.float32) - tl.dot(w, h.to(dt), input_precision=PREC)
+        vn = u.to(tl.float32) - _dot(w, h.to(dt), IEEE=PREC)
         tl.store(vn_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :], vn.to(dt),
                  mask=m[:, None])
         G = tl.load(G_ptr + (bos + rows) * HV + hv, mask=m, other=0.0)
@@ -206,7 +216,7 @@ def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_
         kk = tl.load(k_ptr + (bos + rows)[:, None] * (HK * K) + hk * K + ok[None, :],
                      mask=m[:, None], other=0.0)
         vs = tl.where(m[:, None], vn * tl.exp(last - G)[:, None], 0.0).to(dt)
-        h = h * tl.exp(last) + tl.dot(tl.trans(kk), vs, input_precision=PREC)
+        h = h * tl.exp(last) + _dot(tl.trans(kk), vs, IEEE=PREC)
     tl.store(ht_ptr + state_off + sidx, h)
 
 
@@ -234,11 +244,11 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
     h = tl.load(h_ptr + (c.to(tl.int64) * HV + hv) * K * V + ok[:, None] * V + ov[None, :])
     vn = tl.load(vn_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], mask=m[:, None], other=0.0)
-    inter = tl.dot(q, h, input_precision=PREC) * tl.exp(G)[:, None]
-    qk = tl.dot(q, tl.trans(kk), input_precision=PREC)
+    inter = _dot(q, h, IEEE=PREC) * tl.exp(G)[:, None]
+    qk = _dot(q, tl.trans(kk), IEEE=PREC)
     causal = (ot[:, None] >= ot[None, :]) & m[None, :]
     qk = tl.where(causal, qk * tl.exp(G[:, None] - G[None, :]), 0.0)
-    out = (inter + tl.dot(qk.to(dt), vn, input_precision=PREC)) * scale
+    out = (inter + _dot(qk.to(dt), vn, IEEE=PREC)) * scale
     tl.store(o_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], out.to(o_ptr.dtype.element_ty),
              mask=m[:, None])
 
@@ -266,15 +276,15 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _prec(dtype: torch.dtype) -> str:
+def _prec(dtype: torch.dtype) -> bool:
     # fp32 activations keep fp32 products (ieee); fp16 / bf16 tiles multiply natively
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return dtype == torch.float32
 
 
-def _chunk_offsets(cu_seqlens: torch.Tensor) -> torch.Tensor:
+def _chunk_offsets(cu_seqlens: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """int32 [N + 1]: cumulative chunks per sequence, on the device (no host sync)."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
-    chunks = torch.div(lens + (BT - 1), BT, rounding_mode="floor")
+    chunks = torch.div(lens + (chunk - 1), chunk, rounding_mode="floor")
     return torch.cat([torch.zeros(1, dtype=torch.int32, device=cu_seqlens.device),
                       chunks.cumsum(0).to(torch.int32)])
 
@@ -301,7 +311,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
         q, k = l2norm(q), l2norm(k)
     cu = cu_seqlens.to(torch.int32).contiguous()
     coff = _chunk_offsets(cu)
-    max_chunks = total // BT + num_seqs
+    max_chunks = total // CHUNK + num_seqs
     dt = q.dtype
     G = torch.empty(total, hv, dtype=torch.float32, device=dev)
     w = torch.empty(total, hv, dk, dtype=dt, device=dev)
@@ -310,11 +320,12 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
     o = torch.empty(total, hv, dv, dtype=dt, device=dev)
     final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
-    log_n = max(1, (num_seqs - 1).bit_length()) + 1
+    log_n = max(4, (num_seqs - 1).bit_length() + 1)  # fixed for N <= 8: fewer specialisations
     prec = _prec(dt)
     if max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
-                                     K=dk, V=dv, LOG_N=log_n, PREC=prec, num_warps=4)
+                                     K=dk, V=dv, LOG_N=log_n, PREC=prec,
+                                     num_warps=8 if dk >= 128 else 4)
     h0 = initial_state.contiguous().float() if initial_state is not None else final
     bv = min(dv, 32)
     _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
@@ -335,10 +346,10 @@ def _cases():
           "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common}
     out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
            "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "N": "i32", "scale": "fp32"}
-    heads = dict(HK=16, HV=32, K=128, V=128, PREC="tf32")
+    heads = dict(HK=16, HV=32, K=128, V=128, PREC=False)
     return [
         # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
-        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4), num_warps=4, uses_dot=True,
+        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4), num_warps=8, uses_dot=True,
                     narrow_dot=True, label="wy"),
         CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
                     uses_dot=True, label="state"),

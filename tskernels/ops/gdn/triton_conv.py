@@ -15,11 +15,12 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
-from .triton_chunk import BT, _chunk_offsets, _locate_chunk
+from .triton_chunk import _chunk_offsets, _locate_chunk
 
 CONV_FORMATS = {"x": ("fp32", "fp16", "bf16")}
 MAX_WIDTH = 8
-BD = 128  # channels per program
+BD = 128  # channels per program (a Python int: passed as the BD constexpr)
+TOK = 16  # tokens per program: [16, 128] tiles keep the W shifted loads in registers
 
 
 @triton.jit
@@ -30,17 +31,18 @@ def _silu(y):
 @triton.jit
 def _conv_kernel(x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, y_ptr, cu_ptr, coff_ptr, N, D,
                  W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,
-                 SILU: tl.constexpr, LOG_N: tl.constexpr, BD: tl.constexpr):
+                 SILU: tl.constexpr, LOG_N: tl.constexpr, BD: tl.constexpr,
+                 TOK: tl.constexpr):
     c = tl.program_id(0)
     if c >= tl.load(coff_ptr + N):
         return
     n = _locate_chunk(coff_ptr, c, N, LOG_N)
     bos = tl.load(cu_ptr + n).to(tl.int64)
     length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t = (c - tl.load(coff_ptr + n)).to(tl.int64) * 64 + tl.arange(0, 64)
+    t = (c - tl.load(coff_ptr + n)).to(tl.int64) * TOK + tl.arange(0, TOK)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     md = d < D
-    acc = tl.zeros([64, BD], dtype=tl.float32)
+    acc = tl.zeros([TOK, BD], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(b_ptr + d, mask=md, other=0.0).to(tl.float32)[None, :]
     if HAS_STATE:
@@ -141,17 +143,17 @@ def causal_conv1d(x, weight, bias=None, *, cu_seqlens, conv_state=None, state_sl
     num_seqs = cu_seqlens.shape[0] - 1
     x, weight = x.contiguous(), weight.contiguous()
     cu = cu_seqlens.to(torch.int32).contiguous()
-    coff = _chunk_offsets(cu)
+    coff = _chunk_offsets(cu, TOK)
     y = torch.empty_like(x)
     has_state = conv_state is not None
     st = conv_state if has_state else x
     slots = state_slots.contiguous() if has_state else cu
     grid_d = triton.cdiv(dim, BD)
-    log_n = max(1, (num_seqs - 1).bit_length()) + 1
-    _conv_kernel[(total // BT + num_seqs, grid_d)](
+    log_n = max(4, (num_seqs - 1).bit_length() + 1)
+    _conv_kernel[(total // TOK + num_seqs, grid_d)](
         x, weight, bias if bias is not None else weight, st, slots, y, cu, coff, num_seqs, dim,
         W=width, HAS_BIAS=bias is not None, HAS_STATE=has_state, SILU=activation == "silu",
-        LOG_N=log_n, BD=BD, num_warps=4)
+        LOG_N=log_n, BD=BD, TOK=TOK, num_warps=4)
     if has_state:
         _conv_state_kernel[(num_seqs, grid_d)](x, conv_state, slots, cu, dim, W=width,
                                                WP=triton.next_power_of_2(width), BD=BD,
@@ -195,7 +197,8 @@ def _conv_cases():
            "N": "i32", "D": "i32"}
     st = {"x_ptr": "*bf16", "state_ptr": "*bf16", "slot_ptr": "*i32", "cu_ptr": "*i32", "D": "i32"}
     return [CompileCase(_conv_kernel, sig, dict(W=4, HAS_BIAS=True, HAS_STATE=True, SILU=True,
-                                                LOG_N=4, BD=BD), num_warps=4, label="conv"),
+                                                LOG_N=4, BD=BD, TOK=TOK), num_warps=4,
+                        label="conv"),
             CompileCase(_conv_state_kernel, st, dict(W=4, WP=4, BD=BD), num_warps=4,
                         label="state")]
 
