@@ -16,7 +16,7 @@ from tskernels_ref.sampling import SampleOutput
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference  # noqa: F401  (register backends)
+from . import reference, triton  # noqa: F401  (register backends)
 from .penalties import apply_penalties
 
 __all__ = ["SampleOutput", "apply_penalties", "greedy", "sample"]

@@ -1,0 +1,108 @@
+"""Triton greedy argmax and penalties kernels vs torch / the reference, bit for bit
+(interpreter on CPU, the real GPU with -m gpu, where the vocabulary is a real model's)."""
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tskernels
+import tskernels_ref.sampling as ref
+from tskernels.ops.sampling import triton as tg
+
+from ..conftest import HAS_CUDA
+
+DTYPES = [torch.float32, torch.float16]  # bf16 is not exact under the interpreter
+VOCAB = 151936 if HAS_CUDA else 700
+
+
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 5), v=st.integers(1, 3000),
+       dtype=st.sampled_from(DTYPES), special=st.sampled_from(["none", "ties", "inf", "nan"]))
+def test_greedy_equals_torch_argmax(kernel_device, seed, b, v, dtype, special):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(b, v, generator=gen) * 4).round()  # rounding makes ties common
+    if special == "ties":
+        x[:, torch.randint(0, v, (3,), generator=gen)] = x.max() + 1
+    elif special == "inf":
+        x[:, :: max(1, v // 3)] = float("-inf")
+        x[0] = float("-inf")
+    elif special == "nan":
+        x[0, torch.randint(0, v, (2,), generator=gen)] = float("nan")
+    x = x.to(kernel_device, dtype)
+    got = tskernels.sampling.greedy(x, backend="triton")
+    assert got.dtype == torch.int64
+    assert torch.equal(got.cpu(), torch.argmax(x.float().cpu(), dim=-1))
+
+
+def test_greedy_large_vocab_every_chunk_size(kernel_device):
+    """Maxima placed in the first / last chunk and on chunk edges, for batches that pick
+    different chunk sizes."""
+    v = 151936 if HAS_CUDA else 20000
+    for b in (1, 3, 64) if HAS_CUDA else (1, 3):
+        x = torch.randn(b, v, device=kernel_device)
+        for r, col in enumerate([0, v - 1, 2047, 2048, 4096, 16383, 16384][:b]):
+            x[r, col] = 100.0
+        if b > 2:
+            x[2, 5000] = x[2, 6000] = 200.0
+        assert torch.equal(tg.argmax(x).cpu(), torch.argmax(x.cpu(), dim=-1))
+
+
+def penalty_problem(b, v, length, nb, gen, device):
+    ids = lambda n: torch.randint(-2, v + 2, (b, n), generator=gen)  # noqa: E731
+    lens = lambda n: torch.randint(0, n + 1, (b,), generator=gen)  # noqa: E731
+    kw = dict(output_ids=ids(length), output_lens=lens(length), prompt_ids=ids(length + 5).int(),
+              prompt_lens=lens(length + 5).int(),
+              repetition_penalty=torch.rand(b, generator=gen) * 1.5 + 0.5,
+              presence_penalty=torch.randn(b, generator=gen),
+              frequency_penalty=torch.randn(b, generator=gen) * 0.5)
+    if nb:
+        bias = ids(nb)
+        bias[:, -1] = bias[:, 0]  # a duplicate id: the two values add up
+        kw.update(logit_bias_ids=bias, logit_bias_values=torch.randn(b, nb, generator=gen) * 3)
+    return {k: t.to(device) for k, t in kw.items()}
+
+
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 4), v=st.integers(1, 300),
+       length=st.integers(0, 300), nb=st.sampled_from([0, 1, 5, 70]),
+       dtype=st.sampled_from(DTYPES),
+       drop=st.sampled_from([(), ("repetition_penalty",), ("presence_penalty", "frequency_penalty"),
+                             ("prompt_ids", "prompt_lens"), ("output_lens", "prompt_lens")]))
+def test_penalties_equal_reference(kernel_device, seed, b, v, length, nb, dtype, drop):
+    gen = torch.Generator().manual_seed(seed)
+    kw = penalty_problem(b, v, length, nb, gen, kernel_device)
+    for name in drop:
+        kw.pop(name, None)
+    x = (torch.randn(b, v, generator=gen) * 3).to(kernel_device, dtype)
+    want = ref.apply_penalties(x, **kw)
+    got = x.clone()
+    assert tskernels.sampling.apply_penalties(got, **kw, backend="triton") is got
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+def test_penalties_long_histories_real_vocab(kernel_device):
+    gen = torch.Generator().manual_seed(5)
+    b, length = (64, 4096) if HAS_CUDA else (2, 600)
+    kw = penalty_problem(b, VOCAB, length, 300 if HAS_CUDA else 20, gen, kernel_device)
+    kw["output_ids"] = kw["output_ids"] % 500  # many repeats: long runs after the sort
+    x = torch.randn(b, VOCAB, device=kernel_device)
+    got = x.clone()
+    tskernels.sampling.apply_penalties(got, **kw, backend="triton")
+    assert torch.equal(got, ref.apply_penalties(x, **kw))
+
+
+def test_penalties_capture_in_cuda_graph():
+    if not HAS_CUDA:
+        return  # graph capture needs a CUDA device; the GPU tier runs this
+    gen = torch.Generator().manual_seed(6)
+    kw = penalty_problem(8, VOCAB, 256, 16, gen, "cuda")
+    x = torch.randn(8, VOCAB, device="cuda")
+    buf = x.clone()
+    tskernels.sampling.apply_penalties(buf, **kw, backend="triton")  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    buf.copy_(x)
+    with torch.cuda.graph(graph):
+        tskernels.sampling.apply_penalties(buf, **kw, backend="triton")
+    buf.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, ref.apply_penalties(x, **kw))
