@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tskernels.ops.attention.triton_decode import _merge_kernel
+from tskernels.ops.shared.split_kv import merge_kernel as _merge_kernel
 
 SIG = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
        "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}

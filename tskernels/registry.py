@@ -137,6 +137,9 @@ class KernelSpec:
     # problem traits the kernel is auto-selected for (where it was measured ahead of the
     # alternatives); a named request runs it on any problem its `traits` accept
     prefer: Mapping[str, Any] = field(default_factory=dict)
+    # planned ops: the factory `plan(...) -> Plan` (see tskernels.plan); the public `*_plan`
+    # functions call it, and `fn` is the one-shot path built from it unless given
+    plan: Callable[..., Any] | None = None
 
     @property
     def name(self) -> str:
@@ -170,8 +173,14 @@ def register(family: str, op: str, *, backend: str, capability: Capability = ANY
              tags: Collection[str] = (), compiled: Collection[str] = (),
              interpreter: bool = False, run_verified: Collection[str] = (),
              compile_cases: Callable[[], list] | None = None, description: str = "",
-             opt_in: bool = False, prefer: Mapping[str, Any] | None = None):
+             opt_in: bool = False, prefer: Mapping[str, Any] | None = None,
+             plan: Callable[..., Any] | None = None):
     """Decorator registering `fn` as the `backend` implementation of `family.op`.
+
+    plan: for planned ops (tskernels.plan), the backend's plan factory. Then the call
+    `register(..., plan=Factory)` registers the kernel at once, its one-shot function built by
+    the registry (`tskernels.plan.ONE_SHOT`); decorating a function as well replaces that
+    one-shot function with it (the reference does: it calls its ground truth directly).
 
     compiled: targets the compile matrix must build it for (checked in CI). run_verified: targets
     it is run-verified on besides those recorded in verified.json (references pass "cpu").
@@ -192,11 +201,23 @@ def register(family: str, op: str, *, backend: str, capability: Capability = ANY
             Verification(frozenset(run_verified) | _RUN_RECORDS.get(name, frozenset()),
                          frozenset(compiled), interpreter),
             compile_cases, description or (fn.__doc__ or "").strip().split("\n")[0], opt_in,
-            dict(prefer or {}))
+            dict(prefer or {}), plan)
         add(spec)
         return fn
 
+    if plan is not None:
+        from .plan import ONE_SHOT, one_shot
+        if (family, op) in ONE_SHOT:
+            deco(one_shot(family, op, plan))
     return deco
+
+
+def planned(spec: KernelSpec) -> Callable[..., Any]:
+    """The plan factory of a planned kernel (raises naming the kernel when it has none)."""
+    if spec.plan is None:
+        raise SelectionError(f"{spec.name}: registered without plan=, so it cannot build a "
+                             "plan (use the one-shot op, or name a planned backend)")
+    return spec.plan
 
 
 def add(spec: KernelSpec) -> None:

@@ -1,6 +1,9 @@
 """Pieces shared by every op family's backends."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import torch
 
 from ..registry import ALL_TARGETS, ANY_DEVICE, TRITON_GPU
@@ -31,3 +34,13 @@ def rope_result(q, k, qo, ko, inplace: bool):
     if k is not None:
         k.copy_(ko)
     return q, k
+
+
+def load_backends(package: str, path) -> list[str]:
+    """Import every backend module of a family folder (each registers itself with
+    `@register`): the modules whose name does not start with "_". A family's `__init__` calls
+    `load_backends(__name__, __path__)`, so a new backend is one new file."""
+    names = sorted(m.name for m in pkgutil.iter_modules(path) if not m.name.startswith("_"))
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names

@@ -7,7 +7,9 @@ import torch
 from ... import _check
 from ...registry import fmt, select
 from .. import cpu_native  # noqa: F401  (registers this family's CPU backend)
-from . import reference, triton  # noqa: F401  (register backends)
+from .._common import load_backends
+
+BACKENDS = load_backends(__name__, __path__)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None,

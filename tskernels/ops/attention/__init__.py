@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from ... import _check
-from ...registry import fmt, select
+from ...registry import fmt, planned as _planned, select
 from . import _validate as _v
-from . import (cuda_decode, cuda_extend, reference, torch_cpu, triton_decode,  # noqa: F401
-               triton_extend, triton_merge, triton_store)  # (register backends)
+from .._common import load_backends
+
+BACKENDS = load_backends(__name__, __path__)
 
 
 def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -103,7 +104,7 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads
               sliding_window=sliding_window, softcap=softcap, max_seq_len=max_seq_len)
     if num_splits is not None:
         kw["num_splits"] = num_splits
-    return kern.fn.make_plan(page_table, seq_lens, **kw)
+    return _planned(kern)(page_table, seq_lens, **kw)
 
 
 def extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -161,7 +162,7 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
     kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
                            sinks, kv_scale_mode, backend,
                            extra={"causal": causal, "prefix": _has_prefix(qo_indptr, seq_lens)})
-    return kern.fn.make_plan(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
+    return _planned(kern)(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
                              num_kv_heads=hkv, head_dim=d, page_size=page_size,
                              q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
                              causal=causal, sliding_window=sliding_window, softcap=softcap)

@@ -7,6 +7,8 @@ from ... import _check
 from ...registry import fmt
 
 KV_DTYPES = _check.FLOAT_OR_FP64 + _check.FP8
+# cache formats the Triton kernels take (an fp8 cache with per-tensor or per-KV-head scales)
+KV_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3:per_tensor", "fp8_e4m3:per_head")
 
 
 def kv_cache(k_cache, v_cache, *, head_dim=None, device=None):

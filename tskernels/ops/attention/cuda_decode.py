@@ -22,8 +22,9 @@ import torch
 import triton
 
 from ...platform import platform_of
+from ...plan import PlanBase
 from ...registry import Capability, register
-from .triton_decode import _merge_kernel, choose_splits, merge_warps, plan_args
+from ..shared.split_kv import choose_splits, merge_kernel, merge_warps
 
 SOURCE = Path(__file__).with_name("cuda") / "decode_fp8.cu"
 HEAD_DIM = 128
@@ -94,9 +95,12 @@ def _ptr(t: torch.Tensor) -> np.uint64:
     return np.uint64(t.data_ptr())
 
 
-class CudaDecodePlan:
+class CudaDecodePlan(PlanBase):
     """Per-batch plan of the CUDA fp8 decode (same contract as the Triton DecodePlan: `run`
     neither synchronises nor allocates given `out`)."""
+
+    KERNEL = "attention.decode.cuda"
+    REPR_FIELDS = ('batch', 'hq', 'hkv', 'd', 'page_size', 'num_splits', 'num_warps', 'num_stages', 'pdl')
 
     def __init__(self, page_table, seq_lens, *, num_q_heads, num_kv_heads, head_dim, page_size,
                  q_dtype, kv_dtype, scale, sliding_window=None, softcap=None, max_seq_len=None,
@@ -172,7 +176,7 @@ class CudaDecodePlan:
                      shared_mem=self._smem)
         if split:
             bs = max(2, triton.next_power_of_2(self.num_splits))
-            _merge_kernel[(self.hq, B)](
+            merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, self.num_splits, self.hq,
                 o.stride(0), o.stride(1), D=self.d, BLOCK_D=self.d, BLOCK_S=bs, SINKS=False,
                 PDL=self.pdl, num_warps=merge_warps(bs, self.d),
@@ -215,10 +219,6 @@ def check_run_args(plan, q, k_cache, v_cache, sinks, k_scale, v_scale, out) -> N
         raise ValueError("CUDA decode: k_scale and v_scale must both be per-tensor or per-head")
 
 
-def make_plan(page_table, seq_lens, **kw) -> CudaDecodePlan:
-    return CudaDecodePlan(page_table, seq_lens, **kw)
-
-
 TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "page_size": lambda p: 1 <= p <= 256,
           "gqa": lambda g: 1 <= g <= MAX_GROUP, "softcap": lambda x: not x,
           "sliding_window": lambda x: not x, "sinks": lambda x: not x}
@@ -231,18 +231,11 @@ TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "page_size": lambda p: 1 <= p <= 
 PREFER = {"kv_programs": lambda n: n >= 64}
 
 
-@register("attention", "decode", backend="cuda",
-          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=89,
-                                modules=frozenset({"cupy"})),
-          formats={"q": ("fp16", "bf16"), "kv": ("fp8_e4m3:per_tensor", "fp8_e4m3:per_head")},
-          traits=TRAITS, band="specialized", tags=("deterministic", "latency", "throughput"),
-          compiled=("sm_90", "sm_100", "sm_120"), prefer=PREFER)
-def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale, sliding_window=None,
-           softcap=None, sinks=None, k_scale=None, v_scale=None):
-    """CUDA paged GQA decode over an fp8 cache (e4m3 warp MMAs, K and V unconverted)."""
-    plan = CudaDecodePlan(page_table, seq_lens,
-                          **plan_args(q, k_cache, scale, sliding_window, softcap))
-    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
-
-
-decode.make_plan = make_plan
+register("attention", "decode", backend="cuda",
+         capability=Capability(vendors=frozenset({"nvidia"}), min_sm=89,
+                               modules=frozenset({"cupy"})),
+         formats={"q": ("fp16", "bf16"), "kv": ("fp8_e4m3:per_tensor", "fp8_e4m3:per_head")},
+         traits=TRAITS, band="specialized", tags=("deterministic", "latency", "throughput"),
+         compiled=("sm_90", "sm_100", "sm_120"), prefer=PREFER,
+         plan=CudaDecodePlan,
+         description="CUDA paged GQA decode over an fp8 cache (e4m3 warp MMAs, K and V unconverted).")

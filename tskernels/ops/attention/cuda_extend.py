@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from ...plan import PlanBase
 from ...registry import Capability, register
 from .. import cuda_driver
-from .triton_extend import plan_args
 
 SOURCE = Path(__file__).with_name("cuda") / "prefill_wgmma.cu"
 HEAD_DIM = 128
@@ -84,9 +84,12 @@ def work_list(counts, block_m: int = BLOCK_M, prefixes=None) -> list[tuple[int, 
     return work
 
 
-class CudaExtendPlan:
+class CudaExtendPlan(PlanBase):
     """Per-batch plan (same contract as the Triton ExtendPlan: reads qo_indptr / seq_lens on the
     host here, `run` neither synchronises nor allocates given `out`)."""
+
+    KERNEL = "attention.extend.cuda"
+    REPR_FIELDS = ('paged', 'hq', 'hkv', 'num_blocks', 'block_n')
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
@@ -233,10 +236,12 @@ def check_run_args(plan, q, k, v, sinks, k_scale, v_scale, out) -> None:
 
 
 def make_plan(qo_indptr, page_table, seq_lens, **kw) -> CudaExtendPlan:
+    """CUDA causal prefill plan (contiguous new K/V)."""
     return CudaExtendPlan(qo_indptr, page_table, seq_lens, **kw)
 
 
 def make_paged_plan(qo_indptr, page_table, seq_lens, **kw) -> CudaExtendPlan:
+    """CUDA causal extend plan reading every key from the paged cache."""
     return CudaExtendPlan(qo_indptr, page_table, seq_lens, paged=True, **kw)
 
 
@@ -253,18 +258,8 @@ REGISTRATION = dict(capability=Capability(vendors=frozenset({"nvidia"}), min_sm=
                     compiled=("sm_90",))
 
 
-@register("attention", "extend", backend="cuda", traits=TRAITS, **REGISTRATION)
-def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
-           sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
-           v=None):
-    """CUDA causal prefill (wgmma, sm_90a) of requests with no cached prefix."""
-    plan = CudaExtendPlan(qo_indptr, page_table, seq_lens,
-                          **plan_args(q, k_cache, scale, causal, sliding_window, softcap))
-    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, k=k,
-                    v=v)
-
-
-extend.make_plan = make_plan
+register("attention", "extend", backend="cuda", traits=TRAITS, **REGISTRATION, plan=make_plan,
+         description="CUDA causal prefill (wgmma, sm_90a) of requests with no cached prefix.")
 
 
 PAGED_TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
@@ -276,14 +271,7 @@ PAGED_TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
 # The same kernel reading every key from the paged cache (-DPAGED): chunked prefill over a
 # cached prefix, the agentic turn's shape (run-verified on sm_90 since session 7; the contiguous
 # kernel above ranks first where both apply: it is faster without a prefix).
-@register("attention", "extend", backend="cuda_paged", traits=PAGED_TRAITS, **REGISTRATION)
-def extend_paged(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
-                 sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None,
-                 k=None, v=None):
-    """CUDA causal extend (wgmma + TMA from the paged cache, sm_90a), any cached prefix."""
-    plan = CudaExtendPlan(qo_indptr, page_table, seq_lens, paged=True,
-                          **plan_args(q, k_cache, scale, causal, sliding_window, softcap))
-    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
-
-
-extend_paged.make_plan = make_paged_plan
+register("attention", "extend", backend="cuda_paged", traits=PAGED_TRAITS, **REGISTRATION,
+         plan=make_paged_plan,
+         description="CUDA causal extend (wgmma + TMA from the paged cache, sm_90a), any "
+                     "cached prefix.")

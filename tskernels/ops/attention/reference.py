@@ -3,33 +3,16 @@ from __future__ import annotations
 
 import tskernels_ref.attention as ref
 
+from ...plan import PlanBase
 from ...registry import register
 from .._common import REF
 
 
-@register("attention", "store_kv", **REF)
-def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
-    ref.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
-
-
-@register("attention", "decode", **REF)
-def decode(q, k_cache, v_cache, page_table, seq_lens, **kw):
-    return ref.decode(q, k_cache, v_cache, page_table, seq_lens, **kw)
-
-
-@register("attention", "extend", **REF)
-def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, k=None, v=None, **kw):
-    # k, v (the new tokens' K/V) equal what the cache holds: the reference reads the cache
-    return ref.extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, **kw)
-
-
-@register("attention", "merge_states", **REF)
-def merge_states(o_a, lse_a, o_b, lse_b):
-    return ref.merge_states(o_a, lse_a, o_b, lse_b)
-
-
-class _RefDecodePlan:
+class RefDecodePlan(PlanBase):
     """Plan over the reference decode: stores the metadata, runs eagerly (not graph-safe)."""
+
+    KERNEL = "attention.decode.reference"
+    REPR_FIELDS = ("opts",)
 
     def __init__(self, page_table, seq_lens, *, scale, sliding_window=None, softcap=None,
                  **_):
@@ -43,11 +26,11 @@ class _RefDecodePlan:
         return o if out is None else out.copy_(o)
 
 
-decode.make_plan = _RefDecodePlan
-
-
-class _RefExtendPlan:
+class RefExtendPlan(PlanBase):
     """Plan over the reference extend: stores the metadata, runs eagerly (not graph-safe)."""
+
+    KERNEL = "attention.extend.reference"
+    REPR_FIELDS = ("opts",)
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, scale, causal=True,
                  sliding_window=None, softcap=None, **_):
@@ -62,4 +45,22 @@ class _RefExtendPlan:
         return o if out is None else out.copy_(o)
 
 
-extend.make_plan = _RefExtendPlan
+@register("attention", "store_kv", **REF)
+def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
+    ref.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+
+@register("attention", "decode", **REF, plan=RefDecodePlan)
+def decode(q, k_cache, v_cache, page_table, seq_lens, **kw):
+    return ref.decode(q, k_cache, v_cache, page_table, seq_lens, **kw)
+
+
+@register("attention", "extend", **REF, plan=RefExtendPlan)
+def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, k=None, v=None, **kw):
+    # k, v (the new tokens' K/V) equal what the cache holds: the reference reads the cache
+    return ref.extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, **kw)
+
+
+@register("attention", "merge_states", **REF)
+def merge_states(o_a, lse_a, o_b, lse_b):
+    return ref.merge_states(o_a, lse_a, o_b, lse_b)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...plan import PlanBase
 from ...registry import Capability, register
 
 try:
@@ -53,7 +54,12 @@ def _gather(cache: torch.Tensor, idx: torch.Tensor, rows: int, dtype) -> torch.T
     return g.view(rows, -1, hkv, d).transpose(1, 2).to(dtype)
 
 
-class DecodePlan:
+class DecodePlan(PlanBase):
+    """Gather indices and key masks of a decode batch, built once; `run` per layer."""
+
+    KERNEL = "attention.decode.torch_cpu"
+    REPR_FIELDS = ("rows", "page_size", "scale")
+
     def __init__(self, page_table, seq_lens, *, scale, page_size, **_):
         self.scale, self.page_size = scale, page_size
         self.page_table, self.seq_lens = page_table, seq_lens
@@ -114,9 +120,12 @@ class DecodePlan:
         return o if out is None else out.copy_(o)
 
 
-class ExtendPlan:
+class ExtendPlan(PlanBase):
     """Per request: its gathered pages and a causal mask [n, L]; prefill chunks are few per step,
     so a short loop over requests costs little next to the GEMMs."""
+
+    KERNEL = "attention.extend.torch_cpu"
+    REPR_FIELDS = ("scale",)
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, scale, page_size, causal=True, **_):
         self.scale = scale
@@ -178,24 +187,11 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
     v_cache.view(-1, hkv, d).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
-def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale=None, **_):
-    scale = scale or q.shape[-1] ** -0.5
-    return DecodePlan(page_table, seq_lens, scale=scale, page_size=k_cache.shape[1]).run(
-        q, k_cache, v_cache)
-
-
-def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale=None,
-           **_):
-    scale = scale or q.shape[-1] ** -0.5
-    return ExtendPlan(qo_indptr, page_table, seq_lens, scale=scale, causal=causal,
-                      page_size=k_cache.shape[1]).run(q, k_cache, v_cache)
-
-
-decode.make_plan = DecodePlan
-extend.make_plan = ExtendPlan
 
 register("attention", "store_kv", backend=BACKEND, capability=CPU_ONLY, band="portable",
          run_verified=("cpu",), opt_in=True, tags=("deterministic",),
          formats={"k": _FORMATS, "kv": _FORMATS})(store_kv)
-register("attention", "decode", **_KW)(decode)
-register("attention", "extend", **_KW)(extend)
+register("attention", "decode", **_KW, plan=DecodePlan,
+         description="Batched page gather + one SDPA for all decode rows (CPU).")
+register("attention", "extend", **_KW, plan=ExtendPlan,
+         description="Batched page gather + one SDPA per request (CPU).")

@@ -24,7 +24,7 @@ takes an equal, BLOCK_N-aligned share of the visible keys, computed on the devic
 seq_lens, so a captured CUDA graph stays correct when the lengths change between replays.
 With one split the kernel finalises directly; otherwise it writes (o, lse) partials into the
 plan's workspace and the last split program of each (request, KV head) merges them (<= 2
-splits) or `_merge_kernel` does, launched as a programmatic dependent of the decode kernel on
+splits) or `merge_kernel` does, launched as a programmatic dependent of the decode kernel on
 sm_90+ so its launch overlaps the decode. `DecodePlan.run` does no host synchronisation and
 allocates nothing when given `out`.
 """
@@ -34,53 +34,18 @@ import torch
 import triton
 from autotune import default_store, device_key, pow2_bucket
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from ...compile import CompileCase
 from ...platform import platform_of
+from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
+from ..shared.split_kv import choose_splits, merge_group, merge_kernel, merge_warps
+from ._validate import KV_FORMATS
+from ..shared.triton_math import LN2, LOG2E, fp8_to_f16, kv_scales, safe_tanh
 
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
-KV_FORMATS = ("fp32", "fp16", "bf16", "fp8_e4m3:per_tensor", "fp8_e4m3:per_head")
-MAX_SPLITS = 64
 FUSED_MERGE_MAX_SPLITS = 2
-
-
-@triton.jit
-def _tanh(x):
-    # Overflow-safe tanh from exp2 (portable: no libdevice), odd-symmetric.
-    e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _fp8_to_f16(x):
-    # e4m3 -> fp16, 4 values per instruction pair. Marked impure so the layout passes cannot
-    # sink it below the shared-memory stage: fp16 (not fp8) reaches shared memory and the PV
-    # dot's transposed B operand comes from ldmatrix.trans instead of byte-wise shared loads
-    # (sm_90 has no 8-bit ldmatrix.trans). NVIDIA only (PTX); not in the interpreter.
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; "
-        "cvt.rn.f16x2.e4m3x2 $1, hi; }", "=r,=r,r", [x.to(tl.int8, bitcast=True)],
-        dtype=tl.float16, is_pure=False, pack=4)
-
-
-@triton.jit
-def _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED: tl.constexpr, PER_HEAD: tl.constexpr):
-    """(softmax scale with K's dequant scale folded in, V's dequant scale) for KV head kvh."""
-    qk_scale = sm_scale
-    v_scale = 1.0
-    if SCALED:
-        if PER_HEAD:
-            qk_scale *= tl.load(ks_ptr + kvh)
-            v_scale = tl.load(vs_ptr + kvh)
-        else:
-            qk_scale *= tl.load(ks_ptr)
-            v_scale = tl.load(vs_ptr)
-    return qk_scale, v_scale
 
 
 @triton.jit
@@ -120,7 +85,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         # fp8 cache: fp8 -> fp16 is one cvt per pair (-> bf16 would take two steps), so the
         # dots run in fp16 (q's magnitude is far below fp16's 65504 in practice).
         q = q.to(tl.float16)
-    qk_scale, v_scale = _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
+    qk_scale, v_scale = kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
     if Q_FP8:
         # fp8 cache: q as two e4m3 terms, hi = e4m3(q * qs) with one scale per head row (its
         # max |q| -> 448) and lo = e4m3((q * qs - hi) * rs), the rounding residual with its
@@ -171,11 +136,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
                 st = tl.dot(k, tl.trans(q8)) * s_col[None, :] \
                     + tl.dot(k, tl.trans(q8lo)) * s_col_lo[None, :]
             elif FP8_ASM:
-                st = tl.dot(_fp8_to_f16(k), tl.trans(q)) * qk_scale
+                st = tl.dot(fp8_to_f16(k), tl.trans(q)) * qk_scale
             else:
                 st = tl.dot(k.to(q.dtype), tl.trans(q)) * qk_scale
             if SOFTCAP:
-                st = softcap * _tanh(st / softcap)
+                st = softcap * safe_tanh(st / softcap)
             st = tl.where(tm[:, None], st * LOG2E, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(st, 0))
             alpha = tl.exp2(m_i - m_new)
@@ -186,20 +151,20 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             # (results/h200/attention_decode_modes_s4a.json, "q_fp8+pv_fp8"); V pages stored
             # slots-innermost were slower still in Triton 3.6 (..._vkm_prototype_s4j.json)
             if FP8_ASM:
-                acc_t = tl.dot(tl.trans(_fp8_to_f16(v)), pt.to(q.dtype), acc_t * alpha[None, :])
+                acc_t = tl.dot(tl.trans(fp8_to_f16(v)), pt.to(q.dtype), acc_t * alpha[None, :])
             else:
                 acc_t = tl.dot(tl.trans(v.to(q.dtype)), pt.to(q.dtype), acc_t * alpha[None, :])
             m_i = m_new
         elif IEEE:
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee")
         elif FP8_ASM:
-            s = tl.dot(q, tl.trans(_fp8_to_f16(k)))
+            s = tl.dot(q, tl.trans(fp8_to_f16(k)))
         else:
             s = tl.dot(q, tl.trans(k.to(q.dtype)))
         if not KEYS_M:
             s = s * qk_scale
             if SOFTCAP:
-                s = softcap * _tanh(s / softcap)
+                s = softcap * safe_tanh(s / softcap)
             s = tl.where(tm[None, :], s * LOG2E, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
@@ -208,7 +173,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
             elif FP8_ASM:
-                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), _fp8_to_f16(v))
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), fp8_to_f16(v))
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
             m_i = m_new
@@ -233,7 +198,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             done = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
             if done == num_splits - 1:
                 tl.store(sem, 0)  # re-armed for the next launch (stream-ordered)
-                _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, kvh * G, num_splits,
+                merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, kvh * G, num_splits,
                              G * num_kv_heads, o_sb, o_sh, G, D, BLOCK_D, BLOCK_S, SINKS)
     else:
         if SINKS:
@@ -245,104 +210,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(o_ptr + b * o_sb + qh[:, None] * o_sh + d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=gm[:, None] & dm[None, :])
-
-
-@triton.jit
-def _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh,
-                D: tl.constexpr, ROW: tl.constexpr, SINKS: tl.constexpr,
-                BYPASS_L1: tl.constexpr):
-    """o[b, h, d] = sum_s exp(lse_s - M) o_s / (sum_s exp(lse_s - M) + exp(sink - M)) over the
-    partial rows `rows` (mask sm; ROW elements apart) and the columns d (< D). BYPASS_L1: read
-    them with .cg (written by other CTAs of the running kernel)."""
-    if BYPASS_L1:
-        lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"), cache_modifier=".cg")
-        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=sm[:, None],
-                     other=0.0, cache_modifier=".cg")
-    else:
-        lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"))
-        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=sm[:, None],
-                     other=0.0)
-    m = tl.max(lse, 0)
-    if SINKS:
-        sink = tl.load(sink_ptr + h)
-        m = tl.maximum(m, sink)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m)
-    den = tl.sum(w, 0)
-    if SINKS:
-        den += tl.exp(sink - m)
-    o = tl.sum(po * w[:, None], 0) / tl.where(den > 0, den, 1.0)
-    tl.store(o_ptr + b * o_sb + h * o_sh + d, o.to(o_ptr.dtype.element_ty), mask=d < D)
-
-
-@triton.jit
-def _merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_stride,
-                 o_sb, o_sh, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_S: tl.constexpr, SINKS: tl.constexpr):
-    """Merge the num_splits partials of query heads h0 .. h0 + G - 1 into o, one head at a
-    time, each from one [splits x D] load (rows (b * H + h) * num_splits + s)."""
-    sidx = tl.arange(0, BLOCK_S)
-    sm = sidx < num_splits
-    d = tl.arange(0, BLOCK_D)
-    for g in range(G):
-        h = h0 + g
-        rows = (b * row_stride + h) * num_splits + sidx
-        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh, D,
-                    BLOCK_D, SINKS, True)
-
-
-@triton.jit
-def _merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
-                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SINKS: tl.constexpr, PDL: tl.constexpr = False, ROW: tl.constexpr = 0):
-    """One (head, request, BLOCK_D columns) per program (grid (H, B) when BLOCK_D covers a
-    row, (H, B, D / BLOCK_D) for wide rows: MLA's 512 columns at 64 splits would be 32 K
-    fp32 values in one program's registers): merge its split-KV partials (see _merge_head).
-    ROW: the partial rows' length (0: BLOCK_D). PDL: launched as a programmatic dependent of
-    the decode kernel (its launch overlaps the decode); wait for the decode grid's completion
-    and memory before reading its partials."""
-    if PDL:
-        gdc_wait()
-    h = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    sidx = tl.arange(0, BLOCK_S)
-    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    sm = sidx < num_splits
-    row = (b * H + h) * num_splits + sidx
-    if ROW == 0:
-        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
-                    BLOCK_D, SINKS, False)
-    else:
-        _merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, row, sm, d, o_sb, o_sh, D,
-                    ROW, SINKS, False)
-
-
-MERGE_TILE = 4096  # fp32 values one merge program holds comfortably
-
-
-def merge_block_d(d: int, block_s: int) -> int:
-    """Columns per merge program for rows of d (a power of two) fp32 values and BLOCK_S
-    splits: ~MERGE_TILE values per program, whole rows when they fit (few splits: fewer, larger
-    programs; H200, MLA B=16 128 heads 4 splits: 16 K programs of [4 x 64] took 63.0 us vs
-    51.2 with 2 K of [4 x 512]), at least 64 columns."""
-    return max(min(d, 64), min(d, MERGE_TILE // block_s))
-
-
-def merge_warps(block_s: int, block_d: int) -> int:
-    """Warps of a whole-row merge program: one while its [BLOCK_S x BLOCK_D] fp32 tile fits
-    (150 registers at 32 x 128), four beyond (one warp at 64 x 128: 255 registers and a stack;
-    triton 3.6 AOT for sm_90)."""
-    return 1 if block_s * block_d <= MERGE_TILE else 4
-
-
-def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                  block_n: int, min_chunk: int = 128) -> int:
-    """Enough (request, KV head, split) programs for ~2 per SM, each with >= min_chunk keys
-    (H200 sweep: B=1 L=4k best at 32 splits, B=16 L=4k at 3-6, B>=64 at 1)."""
-    base = max(1, batch * num_kv_heads)
-    want = triton.cdiv(2 * max(num_sms, 1), base)
-    cap = max(1, triton.cdiv(max(max_seq_len, 1), max(min_chunk, block_n)))
-    return int(max(1, min(want, cap, MAX_SPLITS)))
 
 
 def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]:
@@ -377,12 +244,16 @@ def _tuned(device, head_dim, kv_dtype, group, batch_x_kv_heads, max_seq_len) -> 
                                tune_key(head_dim, kv, group, batch_x_kv_heads, max_seq_len))
 
 
-class DecodePlan:
+class DecodePlan(PlanBase):
     """Per-batch decode metadata and workspace; `run` is CUDA-graph capturable.
 
     Build once per batch (`attention.decode_plan`), reuse for every layer. page_table and
     seq_lens are held by reference: update their contents in place between graph replays.
     """
+
+    KERNEL = "attention.decode.triton"
+    REPR_FIELDS = ("batch", "hq", "hkv", "d", "page_size", "num_splits", "block_n",
+                   "num_warps", "num_stages", "keys_m", "fused_merge", "pdl")
 
     def __init__(self, page_table, seq_lens, *, num_q_heads, num_kv_heads, head_dim,
                  page_size, q_dtype, kv_dtype, scale, sliding_window=None, softcap=None,
@@ -482,7 +353,7 @@ class DecodePlan:
             num_stages=self.num_stages)
         if split and not self.fused_merge:
             bs = max(2, triton.next_power_of_2(self.num_splits))
-            _merge_kernel[(self.hq, B)](
+            merge_kernel[(self.hq, B)](
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
                 BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, PDL=self.pdl,
@@ -491,15 +362,6 @@ class DecodePlan:
         return o
 
 
-def plan_args(q, k_cache, scale, sliding_window, softcap) -> dict:
-    """A decode plan's keyword arguments for a one-off call (the registered `decode`s)."""
-    return dict(num_q_heads=q.shape[1], num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
-                page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
-                scale=scale, sliding_window=sliding_window, softcap=softcap)
-
-
-def make_plan(page_table, seq_lens, **kw) -> DecodePlan:
-    return DecodePlan(page_table, seq_lens, **kw)
 
 
 def _cases():
@@ -548,11 +410,11 @@ def _cases():
     msig = {"po_ptr": "*fp32", "plse_ptr": "*fp32", "sink_ptr": "*fp32", "o_ptr": "*bf16",
             "num_splits": "i32", "H": "i32", "o_sb": "i32", "o_sh": "i32"}
     mc = dict(D=128, BLOCK_D=128, BLOCK_S=16, SINKS=True, PDL=False, ROW=0)
-    out.append(CompileCase(_merge_kernel, msig, mc, num_warps=1, label="merge"))
-    out.append(CompileCase(_merge_kernel, msig, dict(D=512, BLOCK_D=64, BLOCK_S=64, SINKS=False,
+    out.append(CompileCase(merge_kernel, msig, mc, num_warps=1, label="merge"))
+    out.append(CompileCase(merge_kernel, msig, dict(D=512, BLOCK_D=64, BLOCK_S=64, SINKS=False,
                                                      PDL=False, ROW=512), num_warps=4,
                            label="merge_mla_chunks"))
-    out.append(CompileCase(_merge_kernel, msig, dict(mc, PDL=True), num_warps=1,
+    out.append(CompileCase(merge_kernel, msig, dict(mc, PDL=True), num_warps=1,
                            label="merge_pdl", targets=nvidia))
     return out
 
@@ -562,16 +424,8 @@ def _decode_traits():
             "gqa": lambda g: 1 <= g <= 64}
 
 
-@register("attention", "decode", **TRITON, formats={"q": ("fp32", "fp16", "bf16"),
-                                                    "kv": KV_FORMATS},
-          traits=_decode_traits(), tags=("deterministic", "latency", "throughput"),
-          compile_cases=_cases)
-def decode(q, k_cache, v_cache, page_table, seq_lens, *, scale, sliding_window=None,
-           softcap=None, sinks=None, k_scale=None, v_scale=None):
-    """Triton paged GQA decode, split-KV planned per call (use decode_plan to reuse)."""
-    plan = DecodePlan(page_table, seq_lens,
-                      **plan_args(q, k_cache, scale, sliding_window, softcap))
-    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
-
-
-decode.make_plan = make_plan
+register("attention", "decode", **TRITON, formats={"q": ("fp32", "fp16", "bf16"),
+                                                   "kv": KV_FORMATS},
+         traits=_decode_traits(), tags=("deterministic", "latency", "throughput"),
+         compile_cases=_cases, plan=DecodePlan,
+         description="Triton paged GQA decode, split-KV (plan once per batch, run per layer).")

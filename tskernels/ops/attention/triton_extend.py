@@ -18,10 +18,12 @@ import triton
 import triton.language as tl
 
 from ...compile import CompileCase
+from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
 from . import _validate as v_
-from .triton_decode import KV_FORMATS, LOG2E, _kv_scales, _tanh
+from ..shared.triton_math import LOG2E, kv_scales, safe_tanh
+from ._validate import KV_FORMATS
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def _extend_block(acc, m_i, l_i, q, k_base, v_base, pt_row, kdesc, vdesc, row0, 
     else:
         s = tl.dot(q, tl.trans(k.to(q.dtype)))
     if SOFTCAP:  # c = scale here; the capped logit is then taken to base 2
-        s = softcap * _tanh(s * (c / softcap)) * LOG2E
+        s = softcap * safe_tanh(s * (c / softcap)) * LOG2E
     if MASK:
         ok = jm[None, :] & (m_pos[:, None] >= 0)
         if CAUSAL:
@@ -114,7 +116,7 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
     rows = (q_start + m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * q_st + h * q_sh + d[None, :],
                 mask=mm[:, None] & dm[None, :], other=0.0)
-    qk_scale, v_scale = _kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
+    qk_scale, v_scale = kv_scales(ks_ptr, vs_ptr, kvh, sm_scale, SCALED, PER_HEAD)
     c = qk_scale
     if not SOFTCAP:
         c = qk_scale * LOG2E
@@ -239,11 +241,14 @@ def _mean_keys(counts, lens, block_m) -> float:
     return total / blocks if blocks else 0.0
 
 
-class ExtendPlan:
+class ExtendPlan(PlanBase):
     """Per-batch work list for extend; `run` launches one grid with no host sync.
 
     The plan reads qo_indptr on the host once (a sync at plan time, not at run time).
     """
+
+    KERNEL = "attention.extend.triton"
+    REPR_FIELDS = ('hq', 'group', 'd', 'page_size', 'causal', 'num_blocks', 'block_m', 'block_n', 'num_warps', 'num_stages')
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
@@ -363,31 +368,9 @@ def _cases():
     return out
 
 
-@register("attention", "extend", **TRITON, formats={"q": ("fp32", "fp16", "bf16"),
-                                                    "kv": KV_FORMATS},
-          traits={"head_dim": lambda d: 16 <= d <= 256, "page_size": lambda p: 1 <= p <= 256,
-                  "gqa": lambda g: 1 <= g <= 64},
-          tags=("deterministic", "throughput"), compile_cases=_cases)
-def extend(q, k_cache, v_cache, qo_indptr, page_table, seq_lens, *, causal=True, scale,
-           sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, k=None,
-           v=None):
-    """Triton paged causal extend / prefill (plans per call; use extend_plan to reuse)."""
-    plan = make_plan(qo_indptr, page_table, seq_lens,
-                     **plan_args(q, k_cache, scale, causal, sliding_window, softcap))
-    return plan.run(q, k_cache, v_cache, sinks=sinks, k_scale=k_scale, v_scale=v_scale, k=k,
-                    v=v)
-
-
-def plan_args(q, k_cache, scale, causal, sliding_window, softcap) -> dict:
-    """A one-off extend call's plan keywords, read off q [T, Hq, D] and the cache (shared by the
-    backends' `extend` functions)."""
-    return dict(num_q_heads=q.shape[1], num_kv_heads=k_cache.shape[2], head_dim=q.shape[2],
-                page_size=k_cache.shape[1], q_dtype=q.dtype, kv_dtype=k_cache.dtype,
-                scale=scale, causal=causal, sliding_window=sliding_window, softcap=softcap)
-
-
-def make_plan(qo_indptr, page_table, seq_lens, **kw) -> ExtendPlan:
-    return ExtendPlan(qo_indptr, page_table, seq_lens, **kw)
-
-
-extend.make_plan = make_plan
+register("attention", "extend", **TRITON, formats={"q": ("fp32", "fp16", "bf16"),
+                                                   "kv": KV_FORMATS},
+         traits={"head_dim": lambda d: 16 <= d <= 256, "page_size": lambda p: 1 <= p <= 256,
+                 "gqa": lambda g: 1 <= g <= 64},
+         tags=("deterministic", "throughput"), compile_cases=_cases, plan=ExtendPlan,
+         description="Triton paged causal extend / prefill (plan once per batch, run per layer).")

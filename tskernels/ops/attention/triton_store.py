@@ -13,23 +13,7 @@ from ...compile import CompileCase
 from ...platform import interpreter_enabled
 from ...registry import register
 from .._common import TRITON
-
-
-@triton.jit
-def _round_to_e4m3_grid(x):
-    """Round fp32 `x` (already clamped to +-448) to the nearest e4m3 value, ties to even, in
-    fp32 arithmetic, so the final cast is exact. Used only under TRITON_INTERPRET=1, whose
-    fp32 -> e4m3 cast drops the carry when rounding crosses a power of two (-125.4 -> -64)."""
-    bits = x.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127
-    e = tl.maximum(e, -6)  # e4m3 subnormals share the step of the smallest normal binade
-    step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    y = x / step
-    f = tl.floor(y)
-    d = y - f
-    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
-    up = (d > 0.5) | ((d == 0.5) & odd)
-    return tl.where(up, f + 1.0, f) * step
+from ..shared.triton_math import round_to_e4m3_grid
 
 
 @triton.jit
@@ -58,8 +42,8 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, H, 
         k = tl.clamp(k.to(tl.float32) / ks, -448.0, 448.0)
         v = tl.clamp(v.to(tl.float32) / vs, -448.0, 448.0)
         if SOFT_ROUND:
-            k = _round_to_e4m3_grid(k)
-            v = _round_to_e4m3_grid(v)
+            k = round_to_e4m3_grid(k)
+            v = round_to_e4m3_grid(v)
     tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=m)
     tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
 

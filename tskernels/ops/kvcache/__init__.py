@@ -10,7 +10,9 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference, triton  # noqa: F401  (register backends)
+from .._common import load_backends
+
+BACKENDS = load_backends(__name__, __path__)
 
 CACHE_DTYPES = _check.FLOAT_OR_FP64 + _check.FP8
 

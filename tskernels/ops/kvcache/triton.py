@@ -13,7 +13,7 @@ from ...compile import CompileCase
 from ...platform import interpreter_enabled
 from ...registry import register
 from .._common import TRITON
-from ..attention.triton_store import _round_to_e4m3_grid
+from ..shared.triton_math import round_to_e4m3_grid
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def _store_mla_kernel(x_ptr, cache_ptr, slot_ptr, scale_ptr, W, x_s0,
     if QUANT:
         x = tl.clamp(x.to(tl.float32) / tl.load(scale_ptr), -448.0, 448.0)
         if SOFT_ROUND:
-            x = _round_to_e4m3_grid(x)
+            x = round_to_e4m3_grid(x)
     # (a narrowing cast rounds to nearest even on the GPU, as torch does; the interpreter
     # truncates fp32 -> bf16, see tests/kernels/test_store_mla.py)
     tl.store(cache_ptr + slot * W + w, x.to(cache_ptr.dtype.element_ty), mask=m)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 
 from ... import _check
-from ...registry import fmt, select
-from . import cuda_decode, reference, triton  # noqa: F401  (register backends)
+from ...registry import fmt, planned as _planned, select
+from .._common import load_backends
+
+BACKENDS = load_backends(__name__, __path__)
 
 
 def _problem(q, kv_cache, page_table, seq_lens, batch, kv_lora_rank, kv_scale):
@@ -88,4 +90,4 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_heads: 
               max_seq_len=max_seq_len, kv_dtype=kv_cache.dtype, q_dtype=q_dtype)
     if num_splits is not None:
         kw["num_splits"] = num_splits
-    return kern.fn.make_plan(page_table, seq_lens, **kw)
+    return _planned(kern)(page_table, seq_lens, **kw)

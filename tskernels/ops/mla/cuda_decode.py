@@ -29,8 +29,9 @@ import triton
 
 from .. import cuda_driver
 from ...platform import platform_of
+from ...plan import PlanBase
 from ...registry import Capability, register
-from ..attention.triton_decode import _merge_kernel, merge_block_d
+from ..shared.split_kv import merge_block_d, merge_kernel
 
 SOURCE = Path(__file__).with_name("cuda") / "mla_decode_wgmma.cu"
 KERNEL = "mla_decode_wgmma_kernel"
@@ -72,9 +73,12 @@ def default_splits(batch: int, num_heads: int, max_seq_len: int, sms: int) -> in
     return max(1, min(sms // ctas, tiles // 2, MAX_AUTO_SPLITS))
 
 
-class CudaMLADecodePlan:
+class CudaMLADecodePlan(PlanBase):
     """Per-batch launch plan (reads nothing from the device; `run` neither syncs nor
     allocates given `out`)."""
+
+    KERNEL = "mla.decode.cuda"
+    REPR_FIELDS = ('batch', 'H', 'page_size', 'num_splits', 'fp8')
 
     def __init__(self, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim, page_size,
                  scale, max_seq_len=None, num_splits=None, kv_dtype=None,
@@ -182,14 +186,10 @@ class CudaMLADecodePlan:
         if S > 1:
             bs = max(2, triton.next_power_of_2(S))
             bd = merge_block_d(DC, bs)
-            _merge_kernel[(H, B, DC // bd)](
+            merge_kernel[(H, B, DC // bd)](
                 self.partial_o, self.partial_lse, self.seq_lens, o, S, H, o.stride(0),
                 o.stride(1), D=DC, BLOCK_D=bd, ROW=DC, BLOCK_S=bs, SINKS=False, num_warps=4)
         return o
-
-
-def make_plan(page_table, seq_lens, **kw) -> CudaMLADecodePlan:
-    return CudaMLADecodePlan(page_table, seq_lens, **kw)
 
 
 TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
@@ -203,19 +203,11 @@ TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
 PREFER = {"num_heads": lambda h: h >= 16}
 
 
-@register("mla", "decode", backend="cuda", traits=TRAITS,
-          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
-                                modules=frozenset({"cuda.bindings"})),
-          formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16", "fp8_e4m3:per_tensor")},
-          band="specialized",
-          tags=("deterministic", "throughput"), compiled=("sm_90",), prefer=PREFER)
-def decode(q, kv_cache, page_table, seq_lens, *, scale, kv_lora_rank=512, kv_scale=None):
-    """CUDA absorbed-MLA paged decode (wgmma + TMA, sm_90a), 64-head blocks."""
-    plan = CudaMLADecodePlan(page_table, seq_lens, num_heads=q.shape[1],
-                             kv_lora_rank=kv_lora_rank, rope_dim=q.shape[2] - kv_lora_rank,
-                             page_size=kv_cache.shape[1], scale=scale, kv_dtype=kv_cache.dtype,
-                             q_dtype=q.dtype)
-    return plan.run(q, kv_cache, kv_scale=kv_scale)
-
-
-decode.make_plan = make_plan
+register("mla", "decode", backend="cuda", traits=TRAITS,
+         capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
+                               modules=frozenset({"cuda.bindings"})),
+         formats={"q": ("fp16", "bf16"), "kv": ("fp16", "bf16", "fp8_e4m3:per_tensor")},
+         band="specialized",
+         tags=("deterministic", "throughput"), compiled=("sm_90",), prefer=PREFER,
+         plan=CudaMLADecodePlan,
+         description="CUDA absorbed-MLA paged decode (wgmma + TMA, sm_90a), 64-head blocks.")

@@ -3,22 +3,16 @@ from __future__ import annotations
 
 import tskernels_ref.mla as ref
 
+from ...plan import PlanBase
 from ...registry import register
 from .._common import REF
 
 
-@register("mla", "decode", **REF)
-def decode(q, kv_cache, page_table, seq_lens, **kw):
-    return ref.decode(q, kv_cache, page_table, seq_lens, **kw)
-
-
-@register("mla", "extend", **REF)
-def extend(q, kv_cache, qo_indptr, page_table, seq_lens, **kw):
-    return ref.extend(q, kv_cache, qo_indptr, page_table, seq_lens, **kw)
-
-
-class _RefDecodePlan:
+class RefDecodePlan(PlanBase):
     """Plan over the reference MLA decode: stores the metadata, runs eagerly."""
+
+    KERNEL = "mla.decode.reference"
+    REPR_FIELDS = ("opts",)
 
     def __init__(self, page_table, seq_lens, *, scale, kv_lora_rank, **_):
         self.args = (page_table, seq_lens)
@@ -30,4 +24,11 @@ class _RefDecodePlan:
         return o if out is None else out.copy_(o)
 
 
-decode.make_plan = _RefDecodePlan
+@register("mla", "decode", **REF, plan=RefDecodePlan)
+def decode(q, kv_cache, page_table, seq_lens, **kw):
+    return ref.decode(q, kv_cache, page_table, seq_lens, **kw)
+
+
+@register("mla", "extend", **REF)
+def extend(q, kv_cache, qo_indptr, page_table, seq_lens, **kw):
+    return ref.extend(q, kv_cache, qo_indptr, page_table, seq_lens, **kw)

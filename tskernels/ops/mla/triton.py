@@ -17,9 +17,11 @@ import triton.language as tl
 
 from ...compile import CompileCase
 from ...platform import platform_of
+from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
-from ..attention.triton_decode import LN2, LOG2E, _fp8_to_f16, _merge_kernel, merge_block_d
+from ..shared.split_kv import merge_block_d, merge_kernel
+from ..shared.triton_math import LN2, LOG2E, fp8_to_f16
 
 
 @triton.jit
@@ -78,8 +80,8 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
         kc = tl.load(kv_ptr + base[:, None] + dc[None, :], mask=jm[:, None], other=0.0)
         kr = tl.load(kv_ptr + base[:, None] + DC + dr[None, :], mask=jm[:, None], other=0.0)
         if FP8_ASM:
-            kc = _fp8_to_f16(kc)
-            kr = _fp8_to_f16(kr)
+            kc = fp8_to_f16(kc)
+            kr = fp8_to_f16(kr)
         else:
             kc = kc.to(qc.dtype)
         if IEEE:
@@ -117,12 +119,15 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
                  o.to(o_ptr.dtype.element_ty), mask=rm[:, None])
 
 
-class MLAPlan:
+class MLAPlan(PlanBase):
     """Per-batch MLA metadata and workspace (decode: qo_indptr = arange(B + 1); q_dtype is
     accepted for the plan interface and not needed: the kernel specialises on q at launch).
 
     Reads qo_indptr on the host once here; `run` neither syncs nor allocates (given `out`).
     """
+
+    KERNEL = "mla.triton"
+    REPR_FIELDS = ('batch', 'H', 'dc', 'dr', 'page_size', 'causal', 'num_splits', 'block_r', 'block_n', 'num_warps', 'num_stages', 'fp8_asm')
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim,
                  page_size, scale, causal, max_seq_len=None, num_splits=None, block_r=None,
@@ -202,7 +207,7 @@ class MLAPlan:
         if split:
             bs = max(2, triton.next_power_of_2(self.num_splits))
             bd = merge_block_d(self.dc, bs)  # (dc: a power of two)
-            _merge_kernel[(self.H, T, self.dc // bd)](
+            merge_kernel[(self.H, T, self.dc // bd)](
                 self.partial_o, self.partial_lse, dummy, o, self.num_splits, self.H,
                 o.stride(0), o.stride(1), D=self.dc, BLOCK_D=bd, ROW=self.dc, BLOCK_S=bs,
                 SINKS=False, num_warps=4)
@@ -255,16 +260,6 @@ def _plan(q, kv_cache, qo_indptr, page_table, seq_lens, scale, causal, kv_lora_r
                    page_size=kv_cache.shape[1], scale=scale, causal=causal, **kw)
 
 
-@register("mla", "decode", **TRITON, formats=FORMATS, traits=TRAITS,
-          tags=("deterministic", "latency", "throughput"), compile_cases=_cases)
-def decode(q, kv_cache, page_table, seq_lens, *, scale, kv_lora_rank=512, kv_scale=None):
-    """Triton absorbed-MLA paged decode, split-KV planned per call."""
-    indptr = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    plan = _plan(q, kv_cache, indptr, page_table, seq_lens, scale, False, kv_lora_rank,
-                 max_new_tokens=1)
-    return plan.run(q, kv_cache, kv_scale=kv_scale)
-
-
 @register("mla", "extend", **TRITON, formats=FORMATS, traits=TRAITS,
           tags=("deterministic", "throughput"), compile_cases=_cases)
 def extend(q, kv_cache, qo_indptr, page_table, seq_lens, *, scale, causal=True,
@@ -274,10 +269,14 @@ def extend(q, kv_cache, qo_indptr, page_table, seq_lens, *, scale, causal=True,
     return plan.run(q, kv_cache, kv_scale=kv_scale)
 
 
-def make_decode_plan(page_table, seq_lens, **kw):
+def make_decode_plan(page_table, seq_lens, **kw) -> MLAPlan:
+    """Triton absorbed-MLA paged decode plan (split-KV)."""
     B = page_table.shape[0]
     indptr = torch.arange(B + 1, dtype=torch.int32, device=page_table.device)
     return MLAPlan(indptr, page_table, seq_lens, causal=False, max_new_tokens=1, **kw)
 
 
-decode.make_plan = make_decode_plan
+register("mla", "decode", **TRITON, formats=FORMATS, traits=TRAITS,
+         tags=("deterministic", "latency", "throughput"), compile_cases=_cases,
+         plan=make_decode_plan,
+         description="Triton absorbed-MLA paged decode, split-KV (plan once per batch).")

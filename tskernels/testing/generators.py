@@ -1,0 +1,209 @@
+"""Problem generators of the built-in ops for the conformance test (see `conformance`).
+
+Each draws a small valid problem in the op's kernel calling convention, with the edges the
+kernels get wrong first: ragged lengths including 0 and 1, lengths that are not a multiple of
+the page size, permuted page tables, NaN in every slot no request owns, GQA ratios above 1.
+"large" problems (GPU tier) are longer and wider.
+"""
+from __future__ import annotations
+
+import torch
+
+import tskernels_ref.rope as ref_rope
+
+from ..ops.attention import _validate as attn_v
+from ..registry import fmt
+from .conformance import Case, problem_generator
+from .problems import paged_kv, ragged_lens
+
+_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _randn(gen, *shape, dtype):
+    return torch.randn(*shape, generator=gen).to(dtype)
+
+
+def _pick(gen, choices):
+    return choices[int(torch.randint(len(choices), (1,), generator=gen))]
+
+
+# ---- elementwise ----------------------------------------------------------------------------
+
+@problem_generator("norm", "rmsnorm")
+def _rmsnorm(gen, dtype, size):
+    rows, n = (5, _pick(gen, (64, 96))) if size == "small" else (257, 4096)
+    x, w = _randn(gen, rows, n, dtype=dtype), _randn(gen, n, dtype=dtype)
+    return Case((x, w, 1e-6), {"out": None}, {"x": fmt(dtype), "weight": fmt(dtype)},
+                {"hidden": n}, label=f"rmsnorm {rows}x{n} {dtype}")
+
+
+@problem_generator("norm", "fused_add_rmsnorm")
+def _fused_add_rmsnorm(gen, dtype, size):
+    rows, n = (5, 64) if size == "small" else (257, 4096)
+    x, r, w = (_randn(gen, rows, n, dtype=dtype), _randn(gen, rows, n, dtype=dtype),
+               _randn(gen, n, dtype=dtype))
+    return Case((x, r, w, 1e-6), {}, {"x": fmt(dtype), "weight": fmt(dtype)}, {"hidden": n},
+                label=f"fused_add_rmsnorm {rows}x{n} {dtype}")
+
+
+def _gated(op):
+    def gen_case(gen, dtype, size):
+        rows, inter = (7, 48) if size == "small" else (513, 14336)
+        x = _randn(gen, rows, 2 * inter, dtype=dtype)
+        return Case((x,), {"out": None}, {"x": fmt(dtype)}, label=f"{op} {rows}x{inter} {dtype}")
+    return gen_case
+
+
+problem_generator("activation", "silu_and_mul")(_gated("silu_and_mul"))
+problem_generator("activation", "gelu_tanh_and_mul")(_gated("gelu_tanh_and_mul"))
+
+
+@problem_generator("rope", "apply_rope")
+def _apply_rope(gen, dtype, size):
+    t, hq, hk, d = (6, 4, 2, 64) if size == "small" else (300, 32, 8, 128)
+    style = _pick(gen, ("neox", "gptj"))
+    rot = _pick(gen, (d, d // 2))  # full and partial rotary
+    cache = ref_rope.cos_sin_cache(64 if size == "small" else 4096, rot, 10000.0)
+    pos = torch.randint(0, cache.shape[0], (t,), generator=gen, dtype=torch.int64)
+    q, k = _randn(gen, t, hq, d, dtype=dtype), _randn(gen, t, hk, d, dtype=dtype)
+    return Case((q, k, pos, cache), {"style": style, "inplace": False}, {"q": fmt(dtype)},
+                {"style": style}, tol_dtype=dtype, label=f"rope {style} rot {rot} {dtype}")
+
+
+# ---- gemm -----------------------------------------------------------------------------------
+
+@problem_generator("gemm", "mm")
+def _mm(gen, dtype, size):
+    m, n, k = (_pick(gen, (1, 5, 33)), 48, 64) if size == "small" else (257, 2048, 4096)
+    a, b = _randn(gen, m, k, dtype=dtype), _randn(gen, n, k, dtype=dtype) / k ** 0.5
+    return Case((a, b), {"out_dtype": None}, {"a": fmt(dtype), "b": fmt(dtype), "c": fmt(dtype)},
+                label=f"mm {m}x{n}x{k} {dtype}")
+
+
+@problem_generator("gemm", "gemv")
+def _gemv(gen, dtype, size):
+    m, n, k = (_pick(gen, (1, 3, 16)), 40, 96) if size == "small" else (8, 4096, 4096)
+    a, b = _randn(gen, m, k, dtype=dtype), _randn(gen, n, k, dtype=dtype) / k ** 0.5
+    return Case((a, b), {"out_dtype": None}, {"a": fmt(dtype), "b": fmt(dtype), "c": fmt(dtype)},
+                label=f"gemv {m}x{n}x{k} {dtype}")
+
+
+# ---- paged attention ------------------------------------------------------------------------
+
+def _paged(gen, dtype, size, *, min_len=0):
+    batch, max_len = (3, 40) if size == "small" else (8, 1500)
+    lens = [max(min_len, n) for n in ragged_lens(batch, max_len, gen=gen)]
+    hkv, group, d = _pick(gen, (1, 2)), _pick(gen, (1, 4)), (64 if size == "small" else 128)
+    page = _pick(gen, (1, 16) if size == "small" else (16, 64))
+    kv = paged_kv(lens, page, hkv, d, dtype, gen=gen)
+    return lens, hkv * group, d, kv
+
+
+def _options(gen):
+    return _pick(gen, ({}, {"softcap": 20.0}, {"sliding_window": 24}))
+
+
+@problem_generator("attention", "decode")
+def _decode(gen, dtype, size):
+    lens, hq, d, kv = _paged(gen, dtype, size)
+    q = _randn(gen, len(lens), hq, d, dtype=dtype)
+    opts = _options(gen)
+    prob = attn_v.problem(q, kv.k_cache, None, softcap=opts.get("softcap"),
+                          sliding_window=opts.get("sliding_window"), sinks=None, decode=True)
+    kw = dict(dict(scale=d ** -0.5, sliding_window=None, softcap=None, sinks=None,
+                   k_scale=None, v_scale=None), **opts)
+    return Case((q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens), kw, prob["formats"],
+                prob["traits"], label=f"decode lens {lens} page {kv.page_size} {opts} {dtype}")
+
+
+@problem_generator("attention", "extend")
+def _extend(gen, dtype, size):
+    lens, hq, d, kv = _paged(gen, dtype, size, min_len=1)
+    new = [max(1, n - int(torch.randint(0, n, (1,), generator=gen))) for n in lens]
+    indptr = torch.tensor([0] + new, dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = _randn(gen, int(indptr[-1]), hq, d, dtype=dtype)
+    prefix = any(n != m for n, m in zip(lens, new))
+    prob = attn_v.problem(q, kv.k_cache, None, softcap=None, sliding_window=None, sinks=None)
+    traits = dict(prob["traits"], causal=True, new_kv=False, prefix=prefix)
+    kw = dict(causal=True, scale=d ** -0.5, sliding_window=None, softcap=None, sinks=None,
+              k_scale=None, v_scale=None)
+    return Case((q, kv.k_cache, kv.v_cache, indptr, kv.page_table, kv.seq_lens), kw,
+                prob["formats"], traits, label=f"extend lens {lens} new {new} {dtype}")
+
+
+@problem_generator("attention", "store_kv")
+def _store_kv(gen, dtype, size):
+    lens, _, d, kv = _paged(gen, dtype, size, min_len=1)
+    t, hkv = len(lens), kv.k_cache.shape[2]
+    # one new token per request, at its last position (slot -1: a padding row, skipped)
+    slots = [int(kv.page_table[b, (n - 1) // kv.page_size]) * kv.page_size + (n - 1)
+             % kv.page_size for b, n in enumerate(lens)]
+    slots[-1] = -1
+    k, v = _randn(gen, t, hkv, d, dtype=dtype), _randn(gen, t, hkv, d, dtype=dtype)
+    return Case((k, v, kv.k_cache, kv.v_cache, torch.tensor(slots, dtype=torch.int64)),
+                {"k_scale": None, "v_scale": None}, {"k": fmt(dtype), "kv": fmt(dtype)},
+                {"head_dim": d}, outputs=lambda _, a: (a[2], a[3]),
+                label=f"store_kv slots {slots} {dtype}")
+
+
+@problem_generator("attention", "merge_states")
+def _merge_states(gen, dtype, size):
+    n, h, d = (5, 3, 64) if size == "small" else (512, 32, 128)
+    lse_a, lse_b = torch.randn(n, h, generator=gen), torch.randn(n, h, generator=gen)
+    lse_b[0, 0] = float("-inf")  # a split that saw no key
+    return Case((_randn(gen, n, h, d, dtype=dtype), lse_a, _randn(gen, n, h, d, dtype=dtype),
+                 lse_b), {}, {"o": fmt(dtype)}, label=f"merge_states {n}x{h}x{d} {dtype}")
+
+
+# ---- MLA ------------------------------------------------------------------------------------
+
+def _latent(gen, dtype, size, *, min_len=0):
+    batch, max_len = (3, 40) if size == "small" else (8, 2000)
+    lens = [max(min_len, n) for n in ragged_lens(batch, max_len, gen=gen)]
+    rank, rope, heads = (64, 16, _pick(gen, (2, 16))) if size == "small" else (512, 64, 128)
+    page = _pick(gen, (1, 16) if size == "small" else (64,))
+    kv = paged_kv(lens, page, 1, rank + rope, dtype, gen=gen)
+    return lens, rank, heads, kv.k_cache[:, :, 0].contiguous(), kv
+
+
+def _mla_traits(q, cache, rank, page):
+    return {"kv_lora_rank": rank, "rope_dim": q.shape[2] - rank, "page_size": page,
+            "num_heads": q.shape[1], "cache_like_q": cache.dtype == q.dtype}
+
+
+@problem_generator("mla", "decode")
+def _mla_decode(gen, dtype, size):
+    lens, rank, heads, cache, kv = _latent(gen, dtype, size)
+    q = _randn(gen, len(lens), heads, cache.shape[2], dtype=dtype)
+    kw = dict(scale=cache.shape[2] ** -0.5, kv_lora_rank=rank, kv_scale=None)
+    return Case((q, cache, kv.page_table, kv.seq_lens), kw,
+                {"q": fmt(dtype), "kv": fmt(dtype)}, _mla_traits(q, cache, rank, kv.page_size),
+                label=f"mla decode lens {lens} heads {heads} {dtype}")
+
+
+@problem_generator("mla", "extend")
+def _mla_extend(gen, dtype, size):
+    lens, rank, heads, cache, kv = _latent(gen, dtype, size, min_len=1)
+    new = [max(1, n // 2) for n in lens]
+    indptr = torch.tensor([0] + new, dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = _randn(gen, int(indptr[-1]), heads, cache.shape[2], dtype=dtype)
+    kw = dict(scale=cache.shape[2] ** -0.5, causal=True, kv_lora_rank=rank, kv_scale=None)
+    return Case((q, cache, indptr, kv.page_table, kv.seq_lens), kw,
+                {"q": fmt(dtype), "kv": fmt(dtype)}, _mla_traits(q, cache, rank, kv.page_size),
+                label=f"mla extend lens {lens} new {new} {dtype}")
+
+
+@problem_generator("kvcache", "store_mla")
+def _store_mla(gen, dtype, size):
+    lens, rank, _, cache, kv = _latent(gen, dtype, size, min_len=1)
+    page = kv.page_size
+    slots = [int(kv.page_table[b, (n - 1) // page]) * page + (n - 1) % page
+             for b, n in enumerate(lens)]
+    x = _randn(gen, len(lens), cache.shape[2], dtype=dtype)
+    return Case((x, cache, torch.tensor(slots, dtype=torch.int64)), {"kv_scale": None},
+                {"kv_latent": fmt(dtype), "kv": fmt(dtype)},
+                {"width": cache.shape[2], "page_size": page}, outputs=lambda _, a: a[1],
+                label=f"store_mla slots {slots} {dtype}")
+
+
+
