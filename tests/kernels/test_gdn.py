@@ -21,6 +21,7 @@ gdn = tskernels.gdn
 # Each distinct (heads, dims, dtype) compiles its kernels once on the GPU: keep the set small.
 DTYPES = [torch.float32, torch.bfloat16] if HAS_CUDA else [torch.float32, torch.float16]
 DIMS = [(16, 32), (128, 128)] if HAS_CUDA else [(16, 16), (16, 32)]
+KEY_HEADS = [2] if HAS_CUDA else [1, 2]
 MAX_LEN = 300 if HAS_CUDA else 140
 EXAMPLES = 30 if HAS_CUDA else 10
 
@@ -78,8 +79,8 @@ def check_prefill(x, o, final, init, scale, l2, name=""):
 @settings(max_examples=EXAMPLES)
 @given(lens=st.lists(st.one_of(st.sampled_from([0, 1, 64, 65]), st.integers(0, MAX_LEN)),
                      min_size=1, max_size=4),
-       hk=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]), dims=st.sampled_from(DIMS),
-       dtype=st.sampled_from(DTYPES), with_state=st.booleans(), l2=st.booleans(),
+       hk=st.sampled_from(KEY_HEADS), group=st.sampled_from([1, 2]),
+       dims=st.sampled_from(DIMS), dtype=st.sampled_from(DTYPES), with_state=st.booleans(), l2=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_chunk_prefill_matches_recurrence(kernel_device, lens, hk, group, dims, dtype,
                                           with_state, l2, seed):
@@ -131,7 +132,7 @@ def poisoned_pool(num_slots, hv, dk, dv, used, device, gen):
 
 
 @settings(max_examples=EXAMPLES)
-@given(batch=st.integers(1, 9), hk=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]),
+@given(batch=st.integers(1, 9), hk=st.sampled_from(KEY_HEADS), group=st.sampled_from([1, 2]),
        dims=st.sampled_from(DIMS), dtype=st.sampled_from(DTYPES), l2=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_decode_step_slots(kernel_device, batch, hk, group, dims, dtype, l2, seed):
