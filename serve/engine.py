@@ -22,6 +22,7 @@ import scheduler
 
 from .config import DTYPES, EngineArgs, default_page_size, eos_token_ids, load_model_config
 from .model_runner import ModelRunner, SampleRequest
+from .logits_processing import LogitsProcessing, LogitsState
 from .models import model_class
 from .sampling_params import GenerateOutput, RequestOutput, SamplingParams
 from .weights import build_model
@@ -42,6 +43,9 @@ class _Request:
     num_generated: int = 0
     done: bool = False
     aborted: bool = False
+    logits: LogitsState | None = None     # penalties / logit_bias / grammar, when asked for
+    cached_tokens: int | None = None      # prefix-cache hit when first scheduled
+    error: str | None = None              # why the engine aborted it itself
     outputs: list = field(default_factory=list)
 
 
@@ -83,6 +87,8 @@ class Engine:
         self.token_budget = args.chunked_prefill_size or (
             2048 if self.device.type == "cuda" else 512)
         self.eos_token_ids = eos_token_ids(hf_cfg, self._tokenizer, ckpt)
+        self._logits = LogitsProcessing(lambda: self.tokenizer, int(hf_cfg.vocab_size),
+                                        self.eos_token_ids)
         self.scheduler = scheduler.Scheduler(scheduler.SchedulerConfig(
             num_pages=self.runner.num_pages, page_size=args.page_size,
             max_running=args.max_num_seqs, token_budget=self.token_budget,
@@ -137,11 +143,12 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
         ids = self._check_prompt(prompt_token_ids)
+        logits_state = self._logits.new_state(ids, params)   # ValueError: bad grammar / bias
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         sid = next(self._ids)
         self.scheduler.submit(sid, ids, params.max_tokens, list(params.stop_token_ids),
                               params.ignore_eos, 0)
-        req = _Request(request_id, sid, len(ids), params, seed & _SEED_MASK)
+        req = _Request(request_id, sid, len(ids), params, seed & _SEED_MASK, logits=logits_state)
         self._requests[request_id] = req
         self._by_sid[sid] = req
 
@@ -179,14 +186,20 @@ class Engine:
         sids = np.asarray(plan.request_ids)
         rows = {int(s): r for r, s in enumerate(sids)}
         sample = np.asarray(plan.sample)
-        reqs = []
+        cached = np.asarray(plan.cached_lens)
+        reqs, states = [], []
         for r, s in enumerate(sids):
-            q = self._by_sid.get(int(s)) if sample[r] else None
+            q = self._by_sid.get(int(s))
+            if q is not None and q.cached_tokens is None:
+                q.cached_tokens = int(cached[r])
+            q = q if sample[r] else None
             p = q.params if q is not None else None
             reqs.append(None if q is None else SampleRequest(
                 p.temperature, p.top_k, p.top_p, p.min_p, q.seed, q.num_generated, p.logprobs))
+            if q is not None:
+                states.append(q.logits)
         if len(sids):
-            result = self.runner.run(plan, reqs)
+            result = self.runner.run(plan, reqs, process=self._logits.processor(states))
             sampled = result.token_ids
             lp_row = {int(r): i for i, r in enumerate(result.sample_rows)}
         else:
@@ -202,10 +215,16 @@ class Engine:
                 req.num_generated += 1
                 self.num_generated_tokens += 1
                 lps, tops = self._logprobs(req, result, lp_row.get(rows.get(sid, -1)), token)
+                if req.logits is not None and reason is None and not req.aborted:
+                    req.error = LogitsProcessing.on_token(req.logits, token)
+                    if req.error is not None:   # cannot happen with a sound mask; never hang
+                        log.error("request %s: %s; aborting it", req.request_id, req.error)
+                        self.abort(req.request_id)
             if reason is not None:
                 self._finish(req)
             outputs.append(RequestOutput(req.request_id, new, lps, tops, reason is not None,
-                                         reason, req.prompt_len, req.num_generated))
+                                         reason, req.prompt_len, req.num_generated,
+                                         req.cached_tokens or 0, req.error))
         return outputs
 
     def _logprobs(self, req, result, i, token):

@@ -144,8 +144,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     @_under_policy
-    def run(self, plan, requests: list[SampleRequest | None]) -> StepResult:
-        """Execute `plan`; `requests[r]` holds row r's sampling inputs (None: no sample)."""
+    def run(self, plan, requests: list[SampleRequest | None], process=None) -> StepResult:
+        """Execute `plan`; `requests[r]` holds row r's sampling inputs (None: no sample).
+        process: None, or logits [S, V] of the sampling rows -> processed logits (penalties,
+        grammar masks: serve.logits_processing), applied before sampling."""
         num_rows = len(plan.request_ids)
         sample_rows = np.flatnonzero(np.asarray(plan.sample))
         token_ids = np.zeros(num_rows, dtype=np.int32)
@@ -162,6 +164,8 @@ class ModelRunner:
         if not len(sample_rows):
             return StepResult(token_ids, None, None, sample_rows)
         reqs = [requests[r] for r in sample_rows]
+        if process is not None:
+            logits, greedy = process(logits), None
         if greedy is not None and self._all_greedy(reqs):
             token_ids[sample_rows] = self.graphs.fetch_ids(greedy)
             return StepResult(token_ids, None, None, sample_rows)

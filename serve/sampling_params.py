@@ -7,6 +7,7 @@ from numbers import Integral, Real
 
 MAX_LOGPROBS = 20
 MAX_TOKENS_LIMIT = 1 << 20
+MAX_LOGIT_BIAS = 1024
 
 
 def _int(name, v, lo=None, hi=None):
@@ -24,14 +25,38 @@ def _float(name, v):
     return float(v)
 
 
+def _logit_bias(pairs) -> tuple[tuple[int, float], ...]:
+    if isinstance(pairs, dict):
+        pairs = pairs.items()
+    if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+        raise ValueError(f"logit_bias: expected (token_id, bias) pairs, got {pairs!r}")
+    out = []
+    for pair in pairs:
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise ValueError(f"logit_bias: expected (token_id, bias) pairs, got {pair!r}")
+        t, b = _int("logit_bias token id", pair[0], 0), _float("logit_bias value", pair[1])
+        if not -100.0 <= b <= 100.0:
+            raise ValueError(f"logit_bias: bias of token {t} must be in [-100, 100], got {b}")
+        out.append((t, b))
+    if len(out) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(out)}")
+    return tuple(out)
+
+
 @dataclass
 class SamplingParams:
     """vLLM-style sampling knobs.
 
     max_tokens >= 1; temperature >= 0 (0 = greedy); top_p in (0, 1]; top_k = -1 (off) or >= 1
-    (0 is accepted as off); min_p in [0, 1]; seed: None (engine-chosen) or an int;
+    (0 is accepted as off); min_p in [0, 1]; seed: None (engine-chosen) or an int in
+    [0, 2**63 - 1];
     stop_token_ids: extra token ids that finish the request (EOS always does unless ignore_eos);
     logprobs: None, or n in [0, 20]: the chosen token's logprob plus the n best alternatives.
+    presence_penalty, frequency_penalty in [-2, 2] (OpenAI; 0 = off; output tokens);
+    repetition_penalty in (0, 10] (HF / vLLM; 1 = off; prompt and output tokens);
+    logit_bias: (token_id, bias) pairs, bias in [-100, 100], at most 1024 of them;
+    grammar: None, or llguidance grammar text (serve.constrained) every sampled token must
+    follow; the request ends with EOS once the grammar is complete (so not with ignore_eos).
     detokenize: whether `Engine.generate` fills the result's text (False: token ids only, no
     tokenizer needed).
     Invalid values raise ValueError naming the field.
@@ -47,6 +72,11 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     detokenize: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
 
     def __post_init__(self):
         self.max_tokens = _int("max_tokens", self.max_tokens, 1, MAX_TOKENS_LIMIT)
@@ -63,7 +93,7 @@ class SamplingParams:
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p: expected a value in [0, 1], got {self.min_p}")
         if self.seed is not None:
-            self.seed = _int("seed", self.seed, -(1 << 63), (1 << 64) - 1)
+            self.seed = _int("seed", self.seed, 0, (1 << 63) - 1)   # 63-bit sampler seeds
         if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids,
                                                                         "__iter__"):
             raise ValueError(f"stop_token_ids: expected a list of ints, "
@@ -75,6 +105,22 @@ class SamplingParams:
             raise ValueError(f"detokenize: expected a bool, got {self.detokenize!r}")
         if self.logprobs is not None:
             self.logprobs = _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = _float(name, getattr(self, name))
+            if not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name}: expected a value in [-2, 2], got {v}")
+            setattr(self, name, v)
+        self.repetition_penalty = _float("repetition_penalty", self.repetition_penalty)
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise ValueError(f"repetition_penalty: expected a value in (0, 10], "
+                             f"got {self.repetition_penalty}")
+        self.logit_bias = _logit_bias(self.logit_bias)
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar:
+                raise ValueError(f"grammar: expected non-empty grammar text, got {self.grammar!r}")
+            if self.ignore_eos:
+                raise ValueError("grammar: cannot be combined with ignore_eos (a finished "
+                                 "grammar ends the request with EOS)")
 
     @property
     def greedy(self) -> bool:
@@ -93,6 +139,8 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0     # prompt tokens served from the prefix cache (first schedule)
+    error: str | None = None   # why an "abort" came from the engine itself (e.g. a grammar)
 
 
 @dataclass
