@@ -19,7 +19,8 @@ from serve import ipc
 
 log = logging.getLogger("serve")
 GRACEFUL_SHUTDOWN_S = 5   # uvicorn's limit for open connections after a signal
-_STREAM_GRACE_S = 3.0     # in-flight requests may finish for this long, then end with a 503
+_STREAM_GRACE_S = 3.0     # default --shutdown-grace: in-flight requests may finish for this
+                          # long, then end with a 503
 _DEATH_GRACE_S = 0.5   # lets 503 bodies reach clients before the server stops
 
 
@@ -30,11 +31,35 @@ def build_parser() -> argparse.ArgumentParser:
                         "a local HF model directory, or 'dummy:<config>' (random weights)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1/*")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1/* and "
+                   "/metrics (/health stays open); without a key, binding a non-loopback "
+                   "address logs a warning")
     p.add_argument("--served-model-name", help="the model id clients see (default: the engine's name)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.add_argument("--engine", default=ipc.DEFAULT_ENGINE, help=argparse.SUPPRESS)  # tests: fake engines
+    s = p.add_argument_group("limits and security")
+    s.add_argument("--allowed-hosts", nargs="+", metavar="HOST",
+                   help="Host header values answered (DNS-rebinding guard; '*': any). Default: "
+                        "the bound address and localhost / 127.0.0.1 / ::1; any for 0.0.0.0 / ::")
+    s.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN",
+                   help="browser origins allowed by CORS (e.g. http://localhost:3000; '*': any). "
+                        "Default: none (no CORS headers)")
+    s.add_argument("--max-waiting", type=int, default=1024,
+                   help="engine requests that may wait beyond the running batch; more are "
+                        "answered 503 with Retry-After (default: 1024; 0: none)")
+    s.add_argument("--max-choices-per-request", type=int, default=256,
+                   help="most engine requests (prompts x n) one API request may ask for (default: 256)")
+    s.add_argument("--max-request-bytes", type=int, default=16 << 20,
+                   help="request body limit, 413 beyond (default: 16 MiB)")
+    s.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds for a request body to arrive, 408 after (default: 30)")
+    s.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds for a request's headers to arrive before the connection is closed "
+                        "(default: 10)")
+    s.add_argument("--shutdown-grace", type=float, default=_STREAM_GRACE_S,
+                   help="on SIGINT/SIGTERM, seconds in-flight requests may run before they end "
+                        f"with a 503 (default: {_STREAM_GRACE_S:g})")
     e = p.add_argument_group("engine", "unset flags keep the engine's defaults")
     e.add_argument("--max-model-len", type=int, help="context length: prompt + completion tokens")
     e.add_argument("--max-num-seqs", type=int, help="most requests in one running batch")
@@ -103,7 +128,22 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
 
-    client = EngineClient(args.model, engine_kwargs(args), target=args.engine)
+    from serve.api.guards import HttpLimits, default_allowed_hosts, header_timeout_protocol, is_loopback
+
+    for name in ("max_waiting", "max_choices_per_request", "max_request_bytes"):
+        if getattr(args, name) < (0 if name == "max_waiting" else 1):
+            log.error("--%s: expected a %s int, got %s", name.replace("_", "-"),
+                      "non-negative" if name == "max_waiting" else "positive", getattr(args, name))
+            return 2
+    if not is_loopback(args.host) and not args.api_key:
+        log.warning("binding %s (not loopback) without --api-key: anyone who can reach this "
+                    "port can use the model and read /metrics", args.host)
+    limits = HttpLimits(max_body_bytes=args.max_request_bytes, body_timeout_s=args.body_timeout,
+                        header_timeout_s=args.header_timeout,
+                        max_choices=args.max_choices_per_request, api_key=args.api_key,
+                        allowed_hosts=args.allowed_hosts or default_allowed_hosts(args.host))
+    client = EngineClient(args.model, engine_kwargs(args), target=args.engine,
+                          max_waiting=args.max_waiting)
     exit_code = 0
     try:
         try:
@@ -116,10 +156,14 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         name = args.served_model_name or info["model_name"]
         state = ServerState(client=client, tokenizer=info["tokenizer"], model_name=name,
                             max_model_len=info["max_model_len"],
-                            model_names={name, info["model_name"], args.model})
-        config = uvicorn.Config(build_app(state, args.api_key), lifespan="off",
-                                log_level=args.log_level, access_log=args.access_log,
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                            model_names={name, info["model_name"], args.model}, limits=limits)
+        config = uvicorn.Config(build_app(state, args.api_key, args.allowed_origins),
+                                lifespan="off", log_level=args.log_level,
+                                access_log=args.access_log,
+                                # past the grace: ended requests' 503 bodies still go out
+                                timeout_graceful_shutdown=max(GRACEFUL_SHUTDOWN_S,
+                                                              int(args.shutdown_grace) + 2),
+                                http=header_timeout_protocol(args.header_timeout))
         server = uvicorn.Server(config)
 
         def on_engine_death():
@@ -132,7 +176,8 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         client.on_engine_death = on_engine_death
         phase["name"] = "serving"
         helpers = [asyncio.create_task(_announce(server, sock, name)),
-                   asyncio.create_task(_end_requests_on_exit(server, client))]
+                   asyncio.create_task(_end_requests_on_exit(server, client,
+                                                             args.shutdown_grace))]
         await server.serve(sockets=[sock])
         for task in helpers:
             task.cancel()
@@ -144,7 +189,7 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         await client.shutdown()
 
 
-async def _end_requests_on_exit(server, client) -> None:
+async def _end_requests_on_exit(server, client, grace_s: float = _STREAM_GRACE_S) -> None:
     """After a signal, lets in-flight requests run for a while, then ends them with a 503
     (an SSE error event for streams) so clients see a complete response, not a cut connection."""
     from serve.api.engine_client import ShuttingDownError
@@ -152,7 +197,7 @@ async def _end_requests_on_exit(server, client) -> None:
     while not server.should_exit:
         await asyncio.sleep(0.05)
     client.closing = True
-    await asyncio.sleep(_STREAM_GRACE_S)
+    await asyncio.sleep(grace_s)
     client.fail_all(ShuttingDownError("the server is shutting down"))
 
 

@@ -1,9 +1,11 @@
-"""The Starlette application: routes, Bearer auth, OpenAI-style error bodies."""
+"""The Starlette application: routes, the HTTP guards (Host allow-list, Bearer auth on /v1/* and
+/metrics, JSON content type, body limits: serve.api.guards), optional CORS, OpenAI-style error
+bodies."""
 from __future__ import annotations
 
-import hmac
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -14,6 +16,7 @@ from starlette.routing import Route
 
 from serve.api import routes
 from serve.api.engine_client import EngineClient
+from serve.api.guards import HttpGuard, HttpLimits
 from serve.api.protocol import ApiError
 from serve.metrics import ServerMetrics
 
@@ -29,6 +32,12 @@ class ServerState:
     model_names: set[str] = field(default_factory=set)   # names a request's "model" may use
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     created: int = field(default_factory=lambda: int(time.time()))
+    limits: HttpLimits = field(default_factory=HttpLimits)
+    # tokenization and chat templates run here, off the event loop (a 1 MB prompt takes
+    # ~100 ms to tokenize; /health and streams keep going meanwhile)
+    tokenize_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="tokenize"))
+    max_token_chars: int | None = None   # longest vocabulary entry (prompt-length bound)
 
 
 def _error(status: int, message: str, type_: str, code=None, param=None) -> JSONResponse:
@@ -36,7 +45,7 @@ def _error(status: int, message: str, type_: str, code=None, param=None) -> JSON
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=getattr(exc, "headers", None))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -53,6 +62,8 @@ async def health(request: Request):
     state: ServerState = request.app.state.server
     if state.client.dead:
         return _error(503, "the engine process is not running", "service_unavailable", "engine_dead")
+    if state.client.closing:
+        return _error(503, "the server is shutting down", "service_unavailable", "shutting_down")
     return JSONResponse({"status": "ok"})
 
 
@@ -71,25 +82,11 @@ async def metrics(request: Request):
                              media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-class BearerAuth:
-    """Requires `Authorization: Bearer <api_key>` on /v1/*; /health and /metrics stay open."""
-
-    def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key.encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            headers = dict(scope["headers"])
-            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key):
-                response = _error(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                                  "authentication_error", "invalid_api_key")
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def build_app(state: ServerState, api_key: str | None = None):
+def build_app(state: ServerState, api_key: str | None = None,
+              allowed_origins: list[str] | None = None):
+    """The ASGI app. api_key (or state.limits.api_key) protects /v1/* and /metrics; /health
+    stays open. allowed_origins: CORS for browser clients of those origins ("*": any);
+    None sends no CORS headers, so browsers keep other sites from reading responses."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -102,4 +99,13 @@ def build_app(state: ServerState, api_key: str | None = None):
                             Exception: _internal_error},
     )
     app.state.server = state
-    return BearerAuth(app, api_key) if api_key else app
+    if api_key is not None:
+        state.limits.api_key = api_key
+    outer = app
+    if allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+        outer = CORSMiddleware(outer, allow_origins=list(allowed_origins),
+                               allow_methods=["GET", "POST"],
+                               allow_headers=["authorization", "content-type"], max_age=600)
+    # the guard is outermost: CORS preflights from a foreign Host are refused too
+    return HttpGuard(outer, state.limits)

@@ -4,6 +4,11 @@ One `RequestGroup` per HTTP request holds the engine requests behind it (n choic
 and one queue their outputs land in. Closing a group aborts whatever is unfinished, which is
 how a disconnected client's KV pages get freed. If the engine process dies, every open group
 receives `EngineDeadError` and `on_engine_death` fires (the CLI shuts the server down).
+
+One API request is one "add" message (all its engine requests) and its close one "abort"
+message. Admission control: `max_pending` bounds the engine requests in flight (running +
+waiting); a request that would exceed it raises `OverloadedError` (the API answers 503 with
+Retry-After) instead of queueing without bound.
 """
 from __future__ import annotations
 
@@ -36,10 +41,15 @@ class EngineRejectedError(ValueError):
     pass
 
 
+class OverloadedError(RuntimeError):
+    """Admitting the request would exceed the waiting-queue bound; retry later."""
+
+
 class RequestGroup:
     def __init__(self, client: "EngineClient", request_ids: list[str]):
         self._client = client
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.request_ids = list(request_ids)
         self.unfinished = set(request_ids)
 
     async def next(self) -> dict:
@@ -56,22 +66,27 @@ class RequestGroup:
     def abort(self, request_id: str) -> None:
         if request_id in self.unfinished:
             self.unfinished.discard(request_id)
-            self._client.send(("abort", request_id))
+            self._client.send(("abort", [request_id]))
 
     def close(self) -> None:
-        """Aborts unfinished requests and stops routing. Synchronous, so safe under cancellation."""
-        for request_id in list(self.unfinished):
-            self.abort(request_id)
+        """Aborts unfinished requests (one message) and stops routing. Synchronous, so safe
+        under cancellation."""
+        if self.unfinished:
+            self._client.send(("abort", sorted(self.unfinished)))
+            self.unfinished.clear()
         self._client.unregister(self)
 
 
 class EngineClient:
-    def __init__(self, model: str, engine_kwargs: dict, target: str = ipc.DEFAULT_ENGINE):
+    def __init__(self, model: str, engine_kwargs: dict, target: str = ipc.DEFAULT_ENGINE,
+                 max_waiting: int | None = None):
         self.model, self.engine_kwargs, self.target = model, engine_kwargs, target
+        self.max_waiting = max_waiting   # None: no bound on queued engine requests
+        self.max_pending: int | None = None   # running + waiting bound, set once ready
         self.info: dict = {}
         self.stats: dict = {}
         self.dead = False
-        self.closing = False   # set when the server stops: new requests get 503
+        self.closing = False   # set when the server or the engine stops: new requests get 503
         self.on_engine_death: Callable[[], None] | None = None
         self.on_stats: Callable[[dict], None] | None = None
         self._groups: dict[str, RequestGroup] = {}
@@ -106,8 +121,15 @@ class EngineClient:
             if not self._process.is_alive():
                 raise EngineDeadError(
                     f"engine process exited with code {self._process.exitcode} while loading")
-        kind, self.info = await self._from_engine.recv_pyobj()
-        assert kind == "ready", kind
+        kind, info = ipc.decode(await self._from_engine.recv())
+        if kind != "ready":
+            raise EngineDeadError(f"the engine sent {kind!r} before 'ready'")
+        from transformers import AutoTokenizer
+        info["tokenizer"] = await asyncio.to_thread(AutoTokenizer.from_pretrained,
+                                                    info["tokenizer_path"])
+        self.info = info
+        if self.max_waiting is not None:
+            self.max_pending = max(1, int(info.get("max_num_seqs") or 0)) + self.max_waiting
         self._tasks = [asyncio.create_task(coro) for coro in
                        (self._read_loop(), self._send_loop(), self._watch_loop())]
         return self.info
@@ -122,23 +144,32 @@ class EngineClient:
             raise EngineDeadError("the engine process is not running")
         if self.closing:
             raise ShuttingDownError("the server is shutting down")
+        if self.max_pending is not None and len(self._groups) + len(requests) > self.max_pending:
+            raise OverloadedError(
+                f"the server is at capacity ({len(self._groups)} requests in flight, at most "
+                f"{self.max_pending} running or waiting); retry later")
         group = RequestGroup(self, [r[0] for r in requests])
-        for request_id, prompt_token_ids, params in requests:
+        for request_id, _, _ in requests:
             self._groups[request_id] = group
-            self.send(("add", request_id, list(prompt_token_ids), params))
+        self.send(("add", [[rid, list(ids), dict(params)] for rid, ids, params in requests]))
         return group
 
     def unregister(self, group: RequestGroup) -> None:
-        for request_id in [r for r, g in self._groups.items() if g is group]:
-            del self._groups[request_id]
+        for request_id in group.request_ids:
+            if self._groups.get(request_id) is group:
+                del self._groups[request_id]
 
     async def _send_loop(self) -> None:
         while True:
-            await self._to_engine.send_pyobj(await self._outgoing.get())
+            await self._to_engine.send(ipc.encode(await self._outgoing.get()))
 
     async def _read_loop(self) -> None:
         while True:
-            msg = await self._from_engine.recv_pyobj()
+            try:
+                msg = ipc.decode(await self._from_engine.recv())
+            except ipc.BadMessage as e:
+                log.error("dropped a malformed message from the engine: %s", e)
+                continue
             if msg[0] == "outputs":
                 for out in msg[1]:
                     group = self._groups.get(out["request_id"])
@@ -147,6 +178,9 @@ class EngineClient:
                 self._set_stats(msg[2])
             elif msg[0] == "stats":
                 self._set_stats(msg[1])
+            elif msg[0] == "stopping":
+                log.warning("the engine process is stopping (SIGTERM); taking no new requests")
+                self.closing = True
             elif msg[0] == "error":
                 group = self._groups.get(msg[1])
                 if group is not None:
@@ -182,7 +216,7 @@ class EngineClient:
                 proc.terminate()   # still loading: it reads no messages, but exits on SIGTERM
             elif proc.is_alive():
                 try:
-                    await asyncio.wait_for(self._to_engine.send_pyobj(("shutdown",)), 1.0)
+                    await asyncio.wait_for(self._to_engine.send(ipc.encode(("shutdown",))), 1.0)
                 except (asyncio.TimeoutError, zmq.ZMQError):
                     pass
             await asyncio.to_thread(proc.join, timeout_s)

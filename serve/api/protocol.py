@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 MAX_N = 64
 MAX_LOGPROBS = 20
 MAX_STOP = 16
+SEED_MAX = (1 << 63) - 1
 
 
 class ApiError(Exception):
@@ -135,7 +136,8 @@ def _common(f: _Fields, spec: GenerateSpec) -> GenerateSpec:
     spec.top_k = f.int("top_k", -1, lo=-1)
     spec.top_k = -1 if spec.top_k == 0 else spec.top_k
     spec.min_p = f.float("min_p", 0.0, lo=0.0, hi=1.0)
-    spec.seed = f.int("seed")
+    # the sampler keys on 63-bit seeds: larger ones used to wrap silently (2**70 sampled like 0)
+    spec.seed = f.int("seed", lo=0, hi=SEED_MAX)
     spec.stop = f.stop()
     spec.stop_token_ids = f.int_list("stop_token_ids")
     spec.ignore_eos = f.bool("ignore_eos")

@@ -13,8 +13,14 @@ from functools import lru_cache
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from serve.api.engine_client import EngineDeadError, EngineRejectedError, ShuttingDownError
+from serve.api.engine_client import (
+    EngineDeadError,
+    EngineRejectedError,
+    OverloadedError,
+    ShuttingDownError,
+)
 from serve.api.generation import Delta, Generation
+from serve.api.guards import parse_json, read_body
 from serve.api.protocol import ApiError, GenerateSpec, bad, parse_chat, parse_completion
 
 
@@ -47,16 +53,20 @@ async def _generate(request: Request, chat: bool):
 
 
 async def _run(request: Request, state, chat: bool, arrival: float):
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    body = parse_json(await read_body(request, state.limits))
     spec = parse_chat(body) if chat else parse_completion(body)
     if spec.model is not None and spec.model not in state.model_names:
         raise ApiError(404, f"the model '{spec.model}' does not exist; this server serves "
                        f"'{state.model_name}'", param="model", code="model_not_found")
-    prompts = [_chat_prompt(state.tokenizer, spec)] if chat else \
-        [_completion_prompt(state.tokenizer, p) for p in spec.prompts]
+    _check_size_before_tokenizing(state, spec)
+    loop = asyncio.get_running_loop()
+    if chat:
+        prompts = [await loop.run_in_executor(state.tokenize_pool, _chat_prompt, state.tokenizer,
+                                              spec)]
+    else:
+        prompts = await loop.run_in_executor(
+            state.tokenize_pool, lambda: [_completion_prompt(state.tokenizer, p)
+                                          for p in spec.prompts])
     max_tokens = [_check_lengths(state, spec, p) for p in prompts]
     _check_token_ids(state, spec, prompts)
 
@@ -72,6 +82,10 @@ async def _run(request: Request, state, chat: bool, arrival: float):
             return _EventStream(gen, _sse_chunks(state, gen, first, deltas))
         await _unless_disconnected(request, _drain(gen))
         return JSONResponse(_full_response(state, gen))
+    except OverloadedError as e:
+        err = ApiError(503, str(e), type_="service_unavailable", code="server_overloaded")
+        err.headers = {"Retry-After": "1"}
+        raise err from None
     except EngineDeadError as e:
         raise ApiError(503, str(e), type_="service_unavailable", code=_dead_code(e)) from None
     except EngineRejectedError as e:
@@ -83,6 +97,32 @@ async def _run(request: Request, state, chat: bool, arrival: float):
 
 def _dead_code(e: EngineDeadError) -> str:
     return "shutting_down" if isinstance(e, ShuttingDownError) else "engine_dead"
+
+
+def _check_size_before_tokenizing(state, spec: GenerateSpec) -> None:
+    """400s decided from the request alone, before any tokenizer work: too many engine
+    requests (prompts x n), or text that cannot fit in the context whatever it tokenizes to
+    (a token is never longer than the longest vocabulary entry, so more characters than
+    max_model_len x that length is more than max_model_len tokens)."""
+    limits = state.limits
+    num = spec.n * (1 if spec.chat else len(spec.prompts))
+    if num > limits.max_choices:
+        raise bad("n", f"the request asks for {num} completions (prompts x n); this server "
+                  f"allows at most {limits.max_choices} per request (--max-choices-per-request)")
+    if state.max_token_chars is None:
+        vocab = state.tokenizer.get_vocab()
+        state.max_token_chars = max((len(t) for t in vocab), default=1) or 1
+    bound = state.max_model_len * state.max_token_chars
+    param = "messages" if spec.chat else "prompt"
+    texts = [m["content"] for m in spec.messages] if spec.chat else \
+        [p for p in spec.prompts if isinstance(p, str)]
+    chars = sum(len(t) for t in texts) if spec.chat else max((len(t) for t in texts), default=0)
+    too_long = chars > bound or (not spec.chat and any(
+        isinstance(p, list) and len(p) >= state.max_model_len for p in spec.prompts))
+    if too_long:
+        raise ApiError(400, f"this model's maximum context length is {state.max_model_len} "
+                       f"tokens; the {param} is longer than that", param=param,
+                       code="context_length_exceeded")
 
 
 def _completion_prompt(tokenizer, prompt) -> list[int]:
