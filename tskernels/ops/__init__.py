@@ -1,2 +1,8 @@
-"""Op families; importing one registers its backends."""
-from . import activation, attention, gdn, gemm, kvcache, mla, moe, norm, rope, sampling  # noqa: F401
+"""Op families (one folder each, named in `tskernels_ref.FAMILIES`); importing one registers
+its backends."""
+import importlib
+
+from tskernels_ref import FAMILIES
+
+for _family in FAMILIES:
+    importlib.import_module(f".{_family}", __name__)

@@ -8,6 +8,9 @@ h // (num_q_heads // num_kv_heads).
 """
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 
 from ... import _check
@@ -18,18 +21,34 @@ from .._common import load_backends
 BACKENDS = load_backends(__name__, __path__)
 
 
-def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def _renamed(old: str, new: str):
+    """Accept the keyword `old` for `new` for one release, with a DeprecationWarning."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if old in kwargs:
+                warnings.warn(f"{fn.__name__}: the keyword {old!r} is deprecated, use {new!r}",
+                              DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return wrapper
+    return deco
+
+
+@_renamed("v_", "v")
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
              v_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
     """Write new tokens' K/V into their cache slots, in place.
 
-    k, v_: [T, num_kv_heads, head_dim]. slot_mapping: int64 [T], page * page_size + offset;
+    k, v: [T, num_kv_heads, head_dim] (`v_=` is accepted with a DeprecationWarning).
+    slot_mapping: int64 [T], page * page_size + offset;
     negative slots are skipped (padding). For an fp8 cache, values are quantized on write:
     clamp(x / scale, +-448) -> e4m3, with k_scale/v_scale float32 [1] or [num_kv_heads].
     """
     _check.tensor("k", k, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
     T, hkv, d = k.shape
-    _check.tensor("v", v_, shape=(T, hkv, d), dtypes=(k.dtype,), device=k.device,
+    _check.tensor("v", v, shape=(T, hkv, d), dtypes=(k.dtype,), device=k.device,
                   contiguous_last=True)
     _v.kv_cache(k_cache, v_cache, head_dim=d, device=k.device)
     if k_cache.shape[2] != hkv:
@@ -43,7 +62,7 @@ def store_kv(k: torch.Tensor, v_: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     kern = select("attention", "store_kv", device=k.device,
                   formats={"k": fmt(k.dtype), "kv": kv}, traits={"head_dim": d},
                   backend=backend)
-    kern(k, v_, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    kern(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
