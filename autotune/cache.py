@@ -1,5 +1,5 @@
 """Per-device tuned-config store: user cache first, then the tables shipped in
-autotune/tables/, then the caller's heuristic fallback.
+autotune/tables/ (see `autotune.table` for the file format), then the caller's fallback.
 
 Keys: kernel name ("norm.rmsnorm.triton"), device key ("nvidia-h200" from the device name),
 problem key (a short string the kernel derives from its problem, e.g. "N=4096").
@@ -7,14 +7,12 @@ problem key (a short string the kernel derives from its problem, e.g. "N=4096").
 from __future__ import annotations
 
 import functools
-import json
-import os
 import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-SHIPPED = Path(__file__).with_name("tables")
+from .table import SHIPPED, Entry, Tables, current_versions
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,50 +50,30 @@ def _compute_device_key(device=None) -> str:
     return f"{vendor}-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-")
 
 
-def _user_dir() -> Path:
-    base = os.environ.get("TSKERNELS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tskernels")
-    return Path(base) / "autotune"
-
-
 class Store:
-    def __init__(self, user_dir: Path | None = None, shipped_dir: Path = SHIPPED):
-        self.user_dir = Path(user_dir) if user_dir else _user_dir()
-        self.shipped_dir = Path(shipped_dir)
-        self._mem: dict[tuple[str, str], dict] = {}
-        self._lock = threading.Lock()
+    """Plain (kernel, device, bucket) -> config access over the versioned tables, for callers
+    that key their problems themselves; `autotune.lookup` adds the fallback chain and the
+    staleness checks on top of the same files."""
 
-    def _load(self, where: Path, dev: str) -> dict:
-        key = (str(where), dev)
-        if key not in self._mem:
-            path = where / f"{dev}.json"
-            try:
-                self._mem[key] = json.loads(path.read_text())
-            except FileNotFoundError:
-                self._mem[key] = {}
-            except json.JSONDecodeError as e:
-                raise ValueError(f"autotune table {path} is not valid JSON: {e}") from None
-        return self._mem[key]
+    def __init__(self, user_dir: Path | None = None, shipped_dir: Path = SHIPPED):
+        self.tables = Tables(user_dir, shipped_dir)
+        self.user_dir, self.shipped_dir = self.tables.user, self.tables.shipped
+        self._lock = threading.Lock()
 
     def get(self, kernel: str, dev: str, problem: str,
             fallback: Callable[[], dict] | None = None) -> dict | None:
-        for where in (self.user_dir, self.shipped_dir):
-            cfg = self._load(where, dev).get(kernel, {}).get(problem)
-            if cfg is not None:
-                return dict(cfg)
+        for table in self.tables.layers(dev):
+            e = table.entries.get((kernel, problem))
+            if e is not None:
+                return dict(e.config)
         return fallback() if fallback else None
 
     def put(self, kernel: str, dev: str, problem: str, config: dict) -> Path:
         """Persist a tuned config in the user cache (atomic replace)."""
         with self._lock:
-            table = self._load(self.user_dir, dev)
-            table.setdefault(kernel, {})[problem] = dict(config)
-            self.user_dir.mkdir(parents=True, exist_ok=True)
-            path = self.user_dir / f"{dev}.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-            tmp.replace(path)
-            return path
+            table = self.tables.table(self.user_dir, dev)
+            table.put(Entry(kernel, problem, dict(config), versions=dict(current_versions())))
+            return table.save()
 
 
 _default: Store | None = None

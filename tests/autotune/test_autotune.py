@@ -51,7 +51,8 @@ def test_store_precedence_and_persistence(tmp_path):
     assert store.get("k", "nvidia-h200", "N=2", fallback=lambda: {"w": 1}) == {"w": 1}
     assert store.get("k", "amd-mi300x", "N=1") is None
     path = store.put("k", "nvidia-h200", "N=1", {"w": 8})
-    assert json.loads(path.read_text())["k"]["N=1"] == {"w": 8}
+    saved = json.loads(path.read_text())
+    assert saved["format"] == 2 and saved["entries"][0]["config"] == {"w": 8}
     assert Store(user_dir=tmp_path / "user", shipped_dir=shipped).get(
         "k", "nvidia-h200", "N=1") == {"w": 8}                               # user beats shipped
     (shipped / "nvidia-b200.json").write_text("{not json")

@@ -1,0 +1,140 @@
+"""Declared tuning spaces: what a kernel may be tuned over, and how a problem maps to a bucket.
+
+A kernel module declares its space once, next to the kernel:
+
+    declare(KernelSpace(
+        kernel="norm.rmsnorm.triton",
+        space=Space(num_warps=[4, 8, 16], rows=[1, 2, 4]),
+        key=lambda p: {"N": pow2_bucket(p["N"]), "dtype": p["dtype"]},
+        heuristic=lambda p: {"num_warps": 8, "rows": 1},
+        prune=lambda cfg, p, target: None if cfg["rows"] * p["N"] <= 65536 else "too wide",
+        source=lambda: _rmsnorm_kernel.cache_key))
+
+`key` returns the bucket's dimensions: integers are compared on a log scale when looking for
+the nearest tuned bucket; strings (dtypes, layouts) must match exactly. `prune` names why a
+config cannot run on a target (shared-memory / LDS budget, divisibility) so it is never
+compiled. `source` returns the text whose hash versions the table entries (a Triton function's
+`cache_key`, which covers the functions it calls, or a CUDA file plus its build options).
+`space` may be a function of the target's vendor ("nvidia", "amd"): AMD spaces add knobs such
+as `waves_per_eu`, `matrix_instr_nonkdim` and `kpack`.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .space import Space
+
+Bucket = Mapping[str, "int | str"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a config is pruned against: vendor, arch ("sm_90", "gfx942") and its budgets."""
+    vendor: str = "nvidia"
+    arch: str = "sm_90"
+    smem_bytes: int = 227 * 1024          # per-block opt-in shared memory (H100/H200: 227 KB)
+    warp_size: int = 32
+
+    @staticmethod
+    def for_arch(arch: str) -> "Target":
+        """Budgets of the architectures the compile matrix targets."""
+        if arch.startswith("gfx"):
+            lds = 160 * 1024 if arch == "gfx950" else 64 * 1024      # MI355X / MI300X-MI325X
+            return Target("amd", arch, lds, 64)
+        sm = int(arch.removeprefix("sm_"))
+        smem = {80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99}.get(sm, 99) * 1024
+        return Target("nvidia", arch, smem, 32)
+
+
+@dataclass(frozen=True)
+class KernelSpace:
+    kernel: str
+    space: Space | Callable[[str], Space]
+    key: Callable[[Mapping], dict]
+    heuristic: Callable[[Mapping], dict]
+    prune: Callable[[dict, Mapping, Target], str | None] | None = None
+    source: Callable[[], str] | None = None
+    # For the tuner (not needed for lookups): runner(problem, device) -> Runner, and a parser
+    # of `--shapes` text ("B=64,L=4096") into a problem.
+    runner: Callable[[Mapping, str], "Runner"] | None = None
+    parse: Callable[[str], dict] | None = None
+
+    def __post_init__(self):
+        if not self.kernel or self.kernel.count(".") < 2:
+            raise ValueError(f"kernel: expected 'family.op.backend', got {self.kernel!r}")
+
+    def space_for(self, vendor: str = "nvidia") -> Space:
+        return self.space(vendor) if callable(self.space) and not isinstance(self.space, Space) \
+            else self.space
+
+    def bucket(self, problem: Mapping) -> dict:
+        dims = dict(self.key(problem))
+        for k, v in dims.items():
+            if isinstance(v, bool) or not isinstance(v, (int, str)):
+                raise TypeError(f"{self.kernel}: bucket dimension {k!r} must be int or str, got {v!r}")
+        return dims
+
+    def candidates(self, problem: Mapping, target: Target) -> tuple[list[dict], list[dict]]:
+        """(configs that may run on target, [{"config", "reason"}] of those pruned)."""
+        keep, pruned = [], []
+        for cfg in self.space_for(target.vendor):
+            why = self.prune(cfg, problem, target) if self.prune else None
+            (pruned.append({"config": cfg, "reason": why}) if why else keep.append(cfg))
+        return keep, pruned
+
+    def source_hash(self) -> str | None:
+        if self.source is None:
+            return None
+        return hashlib.sha256(str(self.source()).encode()).hexdigest()[:16]
+
+
+class Runner:
+    """Inputs of one problem, built once; `build(cfg)` returns the zero-argument launch to time
+    (rotating input copies larger than L2 where the kernel is memory-bound), `check(cfg)` runs
+    it once and compares with the reference (a config that computes wrong results never wins)."""
+
+    def build(self, config: dict) -> Callable[[], object]:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def check(self, config: dict) -> bool:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+def bucket_str(dims: Mapping) -> str:
+    """Canonical text of a bucket: 'L=8192,d=128,kv=bf16' (sorted names)."""
+    return ",".join(f"{k}={dims[k]}" for k in sorted(dims))
+
+
+def parse_bucket(text: str) -> dict:
+    out = {}
+    for part in filter(None, text.split(",")):
+        k, _, v = part.partition("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
+
+
+_SPACES: dict[str, KernelSpace] = {}
+_LOCK = threading.Lock()
+
+
+def declare(ks: KernelSpace) -> KernelSpace:
+    """Register a kernel's space (idempotent for the same object; a different one replaces)."""
+    with _LOCK:
+        _SPACES[ks.kernel] = ks
+    return ks
+
+
+def spaces() -> dict[str, KernelSpace]:
+    """Every declared space, by kernel name (import the kernel modules first)."""
+    return dict(_SPACES)
+
+
+def get_space(kernel: str) -> KernelSpace:
+    try:
+        return _SPACES[kernel]
+    except KeyError:
+        raise KeyError(f"no tuning space declared for {kernel!r}; declared: "
+                       f"{sorted(_SPACES) or 'none'}") from None

@@ -1,0 +1,144 @@
+"""Config lookup with a documented fallback chain; never searches on the serving path.
+
+For kernel K, problem P on device D (bucket B = K's key of P), the first link that has a
+current (not stale) entry supplies the config:
+
+1. ``exact``: D's tables (user, then shipped) hold K at bucket B;
+2. ``nearest-bucket``: D's tables hold K at a bucket with the same string dimensions
+   (dtypes, layouts) whose integer dimensions are closest on a log2 scale;
+3. ``family:<device>``: a device of D's architecture family (an H200 uses H100 entries,
+   an MI325X MI300X entries), exact bucket first, then nearest;
+4. ``heuristic``: K's own heuristic.
+
+Stale entries (kernel source or Triton / CUDA / ROCm version changed) are skipped with one
+warning per table and kernel that names the table and the command that re-tunes it.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from . import capture
+from .declare import KernelSpace, bucket_str, parse_bucket
+from .table import Entry, Table, Tables, device_family
+
+
+class StaleTableWarning(UserWarning):
+    """A tuning table entry was skipped because it no longer matches the kernel or libraries."""
+
+
+@dataclass
+class Choice:
+    config: dict
+    link: str                         # exact | nearest-bucket | family:<device> | heuristic
+    kernel: str
+    bucket: str
+    device: str
+    entry: Entry | None = None
+    table: str | None = None
+    skipped: list[str] = field(default_factory=list)   # stale entries passed over
+
+    def explain(self) -> str:
+        src = f"{self.table} [{self.entry.bucket}]" if self.entry else "the kernel's heuristic"
+        lines = [f"{self.kernel} on {self.device}, bucket {self.bucket}: {self.link} -> {self.config}"
+                 f" (from {src})"]
+        lines += [f"  skipped stale: {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _distance(a: Mapping, b: Mapping) -> float | None:
+    """log2 distance over integer dims; None when the buckets are not comparable."""
+    if set(a) != set(b):
+        return None
+    d = 0.0
+    for k, va in a.items():
+        vb = b[k]
+        if isinstance(va, int) and isinstance(vb, int):
+            d += abs(math.log2(max(va, 1)) - math.log2(max(vb, 1)))
+        elif va != vb:
+            return None
+    return d
+
+
+class Lookup:
+    def __init__(self, tables: Tables | None = None):
+        self.tables = tables or Tables()
+        self._warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _fresh(self, table: Table, ks: KernelSpace, src: str | None, skipped: list[str]):
+        out = []
+        for e in table.for_kernel(ks.kernel):
+            why = e.stale_reason(src)
+            if why is None:
+                out.append(e)
+                continue
+            skipped.append(f"{table.path} [{e.bucket}]: {why}")
+            with self._lock:
+                first = (str(table.path), ks.kernel) not in self._warned
+                self._warned.add((str(table.path), ks.kernel))
+            if first:
+                warnings.warn(
+                    f"autotune: {table.path} has stale entries for {ks.kernel} ({why}); they are "
+                    f"not used. Re-tune with `python -m autotune tune {ks.kernel.rsplit('.', 1)[0]}`"
+                    f" or drop them with `python -m autotune prune`.", StaleTableWarning,
+                    stacklevel=4)
+        return out
+
+    def _best(self, entries: list[Entry], dims: Mapping) -> tuple[Entry | None, bool]:
+        want = bucket_str(dims)
+        for e in entries:
+            if e.bucket == want:
+                return e, True
+        scored = [(d, e.bucket, e) for e in entries
+                  if (d := _distance(dims, parse_bucket(e.bucket))) is not None]
+        return (min(scored)[2], False) if scored else (None, False)
+
+    def choose(self, ks: KernelSpace, problem: Mapping, device: str, *,
+               record: bool = True) -> Choice:
+        dims = ks.bucket(problem)
+        want = bucket_str(dims)
+        if record:
+            capture.record(ks.kernel, want, device)
+        src = ks.source_hash()
+        skipped: list[str] = []
+        for t in self.tables.layers(device):
+            e, exact = self._best(self._fresh(t, ks, src, skipped), dims)
+            if e is not None and exact:
+                return Choice(dict(e.config), "exact", ks.kernel, want, device, e, str(t.path), skipped)
+        for t in self.tables.layers(device):
+            e, _ = self._best(self._fresh(t, ks, src, skipped), dims)
+            if e is not None:
+                return Choice(dict(e.config), "nearest-bucket", ks.kernel, want, device, e,
+                              str(t.path), skipped)
+        fam = device_family(device)
+        if fam is not None:
+            others = [d for d in self.tables.devices() if d != device and device_family(d) == fam]
+            for exact_only in (True, False):
+                for other in others:
+                    for t in self.tables.layers(other):
+                        e, exact = self._best(self._fresh(t, ks, src, skipped), dims)
+                        if e is not None and (exact or not exact_only):
+                            return Choice(dict(e.config), f"family:{other}", ks.kernel, want,
+                                          device, e, str(t.path), skipped)
+        return Choice(dict(ks.heuristic(problem)), "heuristic", ks.kernel, want, device,
+                      skipped=skipped)
+
+
+_default: Lookup | None = None
+
+
+def default_lookup() -> Lookup:
+    global _default
+    if _default is None:
+        _default = Lookup()
+    return _default
+
+
+def choose(ks: KernelSpace, problem: Mapping, device: str) -> Choice:
+    """The config for `problem` by the fallback chain (module docstring), from the default
+    tables (user cache over shipped)."""
+    return default_lookup().choose(ks, problem, device)

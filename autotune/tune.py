@@ -1,0 +1,175 @@
+"""The tuner: time every valid config of a bucket, check it, pick deterministically, persist.
+
+Per bucket: the space's candidates for the target (pruned ones are never compiled), each built,
+checked against the reference, then timed `repeats` times (each a median from the timer).
+Configs that fail to build or run are skipped and reported. The fastest median wins, but every
+candidate within noise of it — max(tie_rel x best, the spread of either's repeats) — is a
+*tie*, and among ties the one declared first in the space wins: so a re-tune whose timings
+differ only by noise reproduces the table. Each bucket is saved as soon as it is tuned, so an
+interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .declare import KernelSpace, Target, bucket_str
+from .table import Entry, Tables, current_versions
+
+
+@dataclass
+class Candidate:
+    config: dict
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def us(self) -> float:
+        s = sorted(self.times)
+        return s[len(s) // 2]
+
+    @property
+    def spread(self) -> float:
+        return max(self.times) - min(self.times) if self.times else 0.0
+
+
+@dataclass
+class BucketResult:
+    kernel: str
+    bucket: str
+    pick: dict
+    us: float
+    ties: list[dict]
+    candidates: list[Candidate]
+    pruned: list[dict]
+    heuristic: dict | None = None
+    heuristic_us: float | None = None
+
+    @property
+    def errors(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.error]
+
+    def time_of(self, config: dict) -> float | None:
+        for c in self.candidates:
+            if c.config == config and not c.error:
+                return c.us
+        return None
+
+
+def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, target: Target,
+                repeats: int = 3, tie_rel: float = 0.02) -> BucketResult:
+    configs, pruned = ks.candidates(problem, target)
+    cands = []
+    for cfg in configs:
+        c = Candidate(cfg)
+        cands.append(c)
+        try:
+            fn = runner.build(cfg)
+            if not runner.check(cfg):
+                c.error = "wrong result (differs from the reference)"
+                continue
+            c.times = [float(timer(fn)) for _ in range(max(1, repeats))]
+        except Exception as e:  # noqa: BLE001 - a config that cannot run here is reported, not fatal
+            c.error = f"{type(e).__name__}: {str(e)[:200]}"
+    ok = [c for c in cands if not c.error]
+    bucket = bucket_str(ks.bucket(problem))
+    if not ok:
+        raise RuntimeError(f"{ks.kernel} [{bucket}]: no config ran; "
+                           f"{len(pruned)} pruned, errors: {[c.error for c in cands[:3]]}")
+    best = min(ok, key=lambda c: c.us)
+    ties = [c for c in ok
+            if c.us - best.us <= max(tie_rel * best.us, best.spread, c.spread)]
+    pick = ties[0]                 # `ok` keeps the space's order: the first declared tie wins
+    heur = dict(ks.heuristic(problem))
+    res = BucketResult(ks.kernel, bucket, dict(pick.config), pick.us,
+                       [dict(c.config) for c in ties if c is not pick], cands, pruned, heur)
+    res.heuristic_us = res.time_of(heur)
+    return res
+
+
+def _entry(res: BucketResult, ks: KernelSpace, evidence: str | None) -> Entry:
+    return Entry(kernel=res.kernel, bucket=res.bucket, config=res.pick, us=round(res.us, 3),
+                 source_hash=ks.source_hash(), versions=dict(current_versions()),
+                 ties=res.ties, date=datetime.date.today().isoformat(), evidence=evidence)
+
+
+def tune(ks: KernelSpace, problems: Iterable[Mapping], *, device: str, device_name: str,
+         timer: Callable, target: Target, tables: Tables | None = None, repeats: int = 3,
+         tie_rel: float = 0.02, resume: bool = True, save: bool = True,
+         evidence: str | None = None, progress: bool = True) -> list[BucketResult]:
+    """Tune each distinct bucket of `problems` on `device` ("cuda", "cpu"); entries go into the
+    user table of `device_name` ("nvidia-h200"). With `resume`, buckets that already have a
+    current user entry are skipped."""
+    if ks.runner is None:
+        raise ValueError(f"{ks.kernel}: the space declares no runner, so it cannot be tuned")
+    tables = tables or Tables()
+    user = tables.table(tables.user, device_name)
+    src = ks.source_hash()
+    todo, seen = [], set()
+    for p in problems:
+        b = bucket_str(ks.bucket(p))
+        if b in seen:
+            continue
+        seen.add(b)
+        old = user.entries.get((ks.kernel, b))
+        if resume and old is not None and old.stale_reason(src) is None:
+            continue
+        todo.append(p)
+    bar = _bar(len(todo), ks.kernel, progress)
+    results = []
+    for p in todo:
+        res = tune_bucket(ks, p, ks.runner(p, device), timer=timer, target=target,
+                          repeats=repeats, tie_rel=tie_rel)
+        results.append(res)
+        if save:
+            user.put(_entry(res, ks, evidence))
+            user.save()
+        bar.update(1)
+    bar.close()
+    return results
+
+
+@dataclass
+class RepeatReport:
+    buckets: int
+    changed: list[dict]               # bucket, old, new, old_us, new_us (same run)
+    worst_rel_diff: float             # max |t(new pick) - t(old pick)| / t(old pick)
+
+    def summary(self) -> str:
+        return (f"{len(self.changed)} of {self.buckets} buckets changed their pick; worst time "
+                f"difference between the two picks {self.worst_rel_diff:.1%}")
+
+
+def repeat_report(ks: KernelSpace, old: Mapping[str, dict], new: list[BucketResult]) -> RepeatReport:
+    """Compare a re-tune with earlier picks (bucket -> config), timing both in the new run."""
+    changed, worst = [], 0.0
+    for res in new:
+        before = old.get(res.bucket)
+        if before is None:
+            continue
+        t_old = res.time_of(before)
+        diff = abs(res.us - t_old) / t_old if t_old else 0.0
+        worst = max(worst, diff)
+        if before != res.pick and before not in res.ties:
+            changed.append({"bucket": res.bucket, "old": before, "new": res.pick,
+                            "old_us": t_old, "new_us": res.us})
+    return RepeatReport(sum(1 for r in new if r.bucket in old), changed, worst)
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _bar(total: int, desc: str, enabled: bool):
+    if not enabled or total == 0:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the serve extra
+        return _NoBar()
+    return tqdm(total=total, desc=f"tune {desc}", unit="bucket")
