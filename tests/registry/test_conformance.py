@@ -20,7 +20,7 @@ import tskernels
 from tskernels.platform import platform_of
 from tskernels.testing.conformance import generators, run_case
 
-from ..conftest import HAS_CUDA, KERNEL_DEVICE
+from ..conftest import HAS_CUDA
 
 GENERATORS = generators()
 SIZE = "large" if HAS_CUDA else "small"
@@ -28,46 +28,41 @@ SEEDS = range(int(os.environ.get("TSKERNELS_CONFORMANCE_SEEDS", 6 if HAS_CUDA el
 
 
 def _params():
-    out = []
-    for k in tskernels.kernels():
-        if not k.fn.__module__.startswith("tskernels."):
-            pass  # plugins are conformance-tested too
-        if k.band == "reference":
-            continue
-        out.append(pytest.param(k.family, k.op, k.backend, id=k.name))
-    return out
+    """Every registered non-reference kernel (plugins' included)."""
+    return [pytest.param(k.family, k.op, k.backend, id=k.name) for k in tskernels.kernels()
+            if k.band != "reference"]
 
 
 def _reference(family, op):
     return next(k for k in tskernels.kernels(family, op) if k.backend == "reference")
 
 
-def _interpreted(spec) -> bool:
-    p = platform_of(KERNEL_DEVICE)
+def _interpreted(spec, device) -> bool:
+    p = platform_of(device)
     return p.interpreter and spec.capability.interpretable and \
         "cpu" not in spec.capability.vendors
 
 
 @pytest.mark.parametrize("family,op,backend", _params())
 @pytest.mark.parametrize("seed", SEEDS)
-def test_backend_matches_reference(family, op, backend, seed):
+def test_backend_matches_reference(family, op, backend, seed, kernel_device):
     if (family, op) not in GENERATORS:
         pytest.skip(f"{family}.{op}: no problem generator yet (add one in "
                     "tskernels/testing/generators.py)")
     spec = next(k for k in tskernels.kernels(family, op) if k.backend == backend)
-    if not tskernels.available(family, op, backend, device=KERNEL_DEVICE):
-        pytest.skip(f"{spec.name}: cannot run on {platform_of(KERNEL_DEVICE).target} here")
+    if not tskernels.available(family, op, backend, device=kernel_device):
+        pytest.skip(f"{spec.name}: cannot run on {platform_of(kernel_device).target} here")
     gen_fn, dtypes = GENERATORS[family, op]
-    if _interpreted(spec):
+    if _interpreted(spec, kernel_device):
         dtypes = tuple(d for d in dtypes if d != torch.bfloat16)
     ran = []
     for dtype in dtypes:
         gen = torch.Generator().manual_seed(1000 * seed + dtypes.index(dtype))
         case = gen_fn(gen, dtype, SIZE)
-        if not tskernels.available(family, op, backend, device=KERNEL_DEVICE,
+        if not tskernels.available(family, op, backend, device=kernel_device,
                                    formats=case.formats, traits=case.traits):
             continue  # a problem outside what the backend claims (formats / traits)
-        run_case(spec, _reference(family, op), case, dtype, KERNEL_DEVICE)
+        run_case(spec, _reference(family, op), case, dtype, kernel_device)
         ran.append(dtype)
     if not ran:
         pytest.skip(f"{spec.name}: claims none of the generated problems (dtypes "
