@@ -83,6 +83,8 @@ class Engine:
                                  checkpoint=ckpt, seed=args.seed)
         self.runner = ModelRunner(self.model, hf_cfg, args, device=self.device, dtype=self.dtype,
                                   max_model_len=self.max_model_len)
+        self.kv_capacity = (self.runner.num_pages - 1) * args.page_size
+        self._fit_context_to_pool(args)
         # tokens per step, decode tokens included (the scheduler bounds both by it)
         self.token_budget = args.chunked_prefill_size or (
             2048 if self.device.type == "cuda" else 512)
@@ -94,15 +96,31 @@ class Engine:
             max_running=args.max_num_seqs, token_budget=self.token_budget,
             max_context=self.max_model_len, enable_prefix_cache=args.enable_prefix_caching,
             eos_token_ids=self.eos_token_ids))
-        self.kv_capacity = (self.runner.num_pages - 1) * args.page_size
         self._rng = random.Random(args.seed)
         self._ids = itertools.count(1)
         self._requests: dict[str, _Request] = {}
         self._by_sid: dict[int, _Request] = {}
         self.num_generated_tokens = 0
-        log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens", self.model_name,
-                 self.device, str(self.dtype).removeprefix("torch."), self.runner.num_pages - 1,
-                 args.page_size)
+        log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens (%d tokens), "
+                 "max_model_len %d", self.model_name, self.device,
+                 str(self.dtype).removeprefix("torch."), self.runner.num_pages - 1,
+                 args.page_size, self.kv_capacity, self.max_model_len)
+
+    def _fit_context_to_pool(self, args: EngineArgs) -> None:
+        """A context the KV pool cannot hold is never advertised: one request alone would be
+        cut with finish_reason "length" far below it. An explicit max_model_len is refused,
+        a defaulted one is lowered to the pool's size (and logged)."""
+        if self.max_model_len <= self.kv_capacity:
+            return
+        pool = (f"the KV pool holds {self.kv_capacity} tokens ({self.runner.num_pages - 1} "
+                f"pages of {args.page_size})")
+        if args.max_model_len is not None:
+            raise ValueError(f"max_model_len: {args.max_model_len} tokens do not fit: {pool}; "
+                             "give more KV memory (num_kv_pages / gpu_memory_utilization / "
+                             "cpu_kv_cache_gb) or a smaller max_model_len")
+        log.warning("max_model_len lowered from %d to %d: %s", self.max_model_len,
+                    self.kv_capacity, pool)
+        self.max_model_len = self.kv_capacity
 
     @staticmethod
     def _name(model: str, ckpt: str | None) -> str:
@@ -162,7 +180,7 @@ class Engine:
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab:
                 raise ValueError(f"prompt_token_ids: expected token ids in [0, {vocab}), got {t!r}")
-        limit = min(self.max_model_len, self.kv_capacity)
+        limit = self.max_model_len   # <= kv_capacity (_fit_context_to_pool)
         if len(ids) >= limit:
             raise ValueError(f"prompt_token_ids: the prompt has {len(ids)} tokens; it must be "
                              f"shorter than max_model_len ({limit}) to leave room for output")

@@ -40,7 +40,14 @@ def test_sampling_params_accepts_edges():
     p = SamplingParams(max_tokens=1, temperature=0, top_p=1.0, top_k=-1, min_p=0.0, seed=0,
                        stop_token_ids=[3, 4], logprobs=0)
     assert p.stop_token_ids == (3, 4) and p.greedy
-    assert SamplingParams(top_k=0, top_p=1e-3, logprobs=20, seed=2**64 - 1).top_k == 0
+    assert SamplingParams(top_k=0, top_p=1e-3, logprobs=20, seed=2**63 - 1).top_k == 0
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**64 - 1, 2**70, -1])
+def test_seed_outside_63_bits_is_refused(seed):
+    # the sampler keys on 63-bit seeds: 2**63 used to sample exactly like seed 0
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=seed)
 
 
 def test_generate_without_detokenize(engine):
