@@ -123,8 +123,40 @@ def _global_layers() -> tuple[_Layer, ...]:
     snap = tuple(raw.get(k.encode()) for k in _ENV_KEYS)
     if snap != _env_snapshot or snap[3] is not None:
         layers = tuple(x for x in (_env_layer(), _toml_layer()) if x is not None)
+        for layer in layers:
+            _check_names(layer)
         _env_layers, _env_snapshot = layers, snap
     return _env_layers
+
+
+_checked: set[tuple] = set()
+
+
+def _check_names(layer: _Layer) -> None:
+    """Every `target=backend` of an environment / TOML layer names a registered op (or family,
+    or `*`) and a backend registered for it somewhere; a typo is an error, not a silent
+    fallback to the default choice."""
+    if not layer.backends or layer.backends in _checked:
+        return
+    from . import registry
+    registry._ensure_loaded()
+    ops = registry._kernels
+    for target, name in layer.backends:
+        if target == "*":
+            scope = [k for ks in ops.values() for k in ks]
+        elif "." in target:
+            scope = list(ops.get(tuple(target.split(".", 1)), ()))
+        else:
+            scope = [k for (f, _), ks in ops.items() if f == target for k in ks]
+        if not scope:
+            known = sorted({f for f, _ in ops} | {f"{f}.{o}" for f, o in ops})
+            raise ValueError(f"{layer.source}: {target!r} is not a registered family or "
+                             f"family.op; known: {known}")
+        names = sorted({k.backend for k in scope})
+        if name not in names:
+            raise ValueError(f"{layer.source}: backend {name!r} for {target!r} is not "
+                             f"registered; expected one of {names}")
+    _checked.add(layer.backends)
 
 
 def _env_layer() -> _Layer | None:
