@@ -78,7 +78,7 @@ def _ref_prefill(d):
 def _fla_prefill(d):
     chunk, _ = _fla()
     varlen = d["cu_seqlens"].shape[0] > 2
-    return chunk(d["q"][None], d["k"][None], d["v"][None], d["g"][None], d["beta"][None],
+    return chunk(d["q"][None], d["k"][None], d["v"][None], g=d["g"][None], beta=d["beta"][None],
                  output_final_state=True, use_qk_l2norm_in_kernel=True,
                  cu_seqlens=d["cu_long"] if varlen else None)
 
@@ -123,8 +123,8 @@ def _fla_decode(d):
     # FLA reads a dense [B, HV, K, V] initial state and writes a new final state: the same
     # state traffic as our in-place slot update (it has no slot indirection)
     _, recurrent = _fla()
-    return recurrent(d["q"][:, None], d["k"][:, None], d["v"][:, None], d["g"][:, None],
-                     d["beta"][:, None], initial_state=d["state"], output_final_state=True,
+    return recurrent(d["q"][:, None], d["k"][:, None], d["v"][:, None], g=d["g"][:, None],
+                     beta=d["beta"][:, None], initial_state=d["state"], output_final_state=True,
                      use_qk_l2norm_in_kernel=True)
 
 

@@ -297,8 +297,11 @@ def _dims_ok(d: int) -> bool:
           traits={"head_dim_k": _dims_ok, "head_dim_v": _dims_ok},
           tags=("deterministic", "throughput"), compile_cases=lambda: _cases())
 def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None,
-                  chunk_size=64, use_qk_l2norm=False):
-    """Triton chunked gated delta rule (WY / UT form, chunk 64, fp32 state)."""
+                  chunk_size=64, use_qk_l2norm=False, tuning: dict | None = None):
+    """Triton chunked gated delta rule (WY / UT form, chunk 64, fp32 state).
+
+    tuning: launch overrides for measurements ({"state_bv", "wy_warps", "out_warps"})."""
+    tuning = tuning or {}
     total, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     num_seqs = cu_seqlens.shape[0] - 1
@@ -325,16 +328,17 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     if max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
                                      K=dk, V=dv, LOG_N=log_n, PREC=prec,
-                                     num_warps=8 if dk >= 128 else 4)
+                                     num_warps=tuning.get("wy_warps", 8 if dk >= 128 else 4))
     h0 = initial_state.contiguous().float() if initial_state is not None else final
-    bv = min(dv, 32)
+    bv = min(dv, tuning.get("state_bv", 32))
     _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
                                              K=dk, V=dv, BV=bv, HAS_H0=initial_state is not None,
                                              PREC=prec, num_warps=4)
     if max_chunks:
         _output_kernel[(max_chunks, hv)](q, k, vn, h, G, o, cu, coff, num_seqs, scale, HK=hk,
                                          HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
-                                         num_warps=8 if dv >= 128 else 4)
+                                         num_warps=tuning.get("out_warps",
+                                                              8 if dv >= 128 else 4))
     return o, final
 
 
