@@ -13,7 +13,8 @@ CLI: `python -m autotune list | diff | prune | export | explain | tune` (see __m
 """
 from . import capture
 from .cache import Store, default_store, device_key, pow2_bucket
-from .declare import KernelSpace, Runner, Target, bucket_str, declare, get_space, parse_bucket, spaces
+from .declare import (KernelSpace, Runner, Target, bucket_str, declare, get_space, jit_source,
+                      parse_bucket, spaces)
 from .lookup import Choice, Lookup, StaleTableWarning, choose, default_lookup
 from .search import Result, search
 from .space import Space
@@ -25,5 +26,5 @@ __all__ = ["BucketResult", "Choice", "Entry", "KernelSpace", "Lookup", "RepeatRe
            "Runner", "Space", "StaleTableWarning", "Store", "Table", "Tables", "Target",
            "bucket_str", "capture", "choose", "cpu_timer", "cuda_timer", "current_versions",
            "declare", "default_lookup", "default_store", "device_family", "device_key",
-           "get_space", "parse_bucket", "pow2_bucket", "repeat_report", "search", "spaces",
+           "get_space", "jit_source", "parse_bucket", "pow2_bucket", "repeat_report", "search", "spaces",
            "tune", "tune_bucket"]

@@ -21,6 +21,7 @@ as `waves_per_eu`, `matrix_instr_nonkdim` and `kpack`.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class KernelSpace:
     # of `--shapes` text ("B=64,L=4096") into a problem.
     runner: Callable[[Mapping, str], "Runner"] | None = None
     parse: Callable[[str], dict] | None = None
+    # A typical problem (tests check its heuristic config is valid and its runner works).
+    example: Mapping | None = None
 
     def __post_init__(self):
         if not self.kernel or self.kernel.count(".") < 2:
@@ -114,6 +117,37 @@ def parse_bucket(text: str) -> dict:
         k, _, v = part.partition("=")
         out[k] = int(v) if v.lstrip("-").isdigit() else v
     return out
+
+
+def _normalized(src: str) -> str:
+    """Source without comments, docstring-free blank lines or trailing spaces: what the hash of
+    a kernel covers (a moved line or a reworded comment does not orphan its tuned entries)."""
+    out = []
+    for line in src.splitlines():
+        code = line.split("#", 1)[0].rstrip()
+        if code.strip():
+            out.append(code)
+    return "\n".join(out)
+
+
+def jit_source(fn, _depth: int = 3, _seen: set | None = None) -> str:
+    """The normalized source of a `@triton.jit` function and of the jit functions it calls
+    (by name, through its globals, `_depth` levels deep). Duck-typed: anything with `src`
+    and `__globals__` (a Triton JITFunction); this package does not import triton."""
+    seen = _seen if _seen is not None else set()
+    src = getattr(fn, "src", None)
+    if src is None or id(fn) in seen:
+        return ""
+    seen.add(id(fn))
+    parts = [_normalized(src)]
+    if _depth > 0:
+        names = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", src))
+        glb = getattr(fn, "__globals__", {}) or {}
+        for name in sorted(names):
+            dep = glb.get(name)
+            if dep is not None and dep is not fn and hasattr(dep, "src") and hasattr(dep, "__globals__"):
+                parts.append(jit_source(dep, _depth - 1, seen))
+    return "\n".join(p for p in parts if p)
 
 
 _SPACES: dict[str, KernelSpace] = {}

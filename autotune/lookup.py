@@ -68,6 +68,13 @@ class Lookup:
         self.tables = tables or Tables()
         self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        self._memo: dict[tuple, Choice] = {}
+
+    def invalidate(self) -> None:
+        """Forget loaded tables and memoised choices (after tables changed on disk)."""
+        self.tables.invalidate()
+        with self._lock:
+            self._memo.clear()
 
     def _fresh(self, table: Table, ks: KernelSpace, src: str | None, skipped: list[str]):
         out = []
@@ -104,6 +111,16 @@ class Lookup:
         if record:
             capture.record(ks.kernel, want, device)
         src = ks.source_hash()
+        memo_key = (ks.kernel, device, want, src)
+        hit = self._memo.get(memo_key)
+        if hit is not None:
+            return hit
+        choice = self._choose(ks, problem, device, dims, want, src)
+        with self._lock:
+            self._memo[memo_key] = choice
+        return choice
+
+    def _choose(self, ks, problem, device, dims, want, src) -> Choice:
         skipped: list[str] = []
         for t in self.tables.layers(device):
             e, exact = self._best(self._fresh(t, ks, src, skipped), dims)

@@ -6,6 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+
+from ... import tuning
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
@@ -66,7 +69,41 @@ def gelu_tanh_and_mul(x, out=None):
     return _launch(_gelu_tanh_and_mul_kernel, x, out)
 
 
-def _launch(kernel, x, out):
+def _heuristic(p) -> dict:
+    block = _block(p["I"])
+    return {"block": block, "num_warps": max(1, min(8, block // 256))}
+
+
+def _prune(cfg, p, target) -> str | None:
+    if cfg["num_warps"] * target.warp_size > cfg["block"]:
+        return "more threads than elements per program"
+    if cfg["block"] > 2 * triton.next_power_of_2(max(p["I"], 16)):
+        return "block wider than twice the row"
+    return None
+
+
+def _space(name, kernel):
+    def runner(p, device):
+        dt = getattr(torch, p.get("dtype", "bfloat16"))
+        act = torch.nn.functional.silu if kernel is _silu_and_mul_kernel else (
+            lambda g: torch.nn.functional.gelu(g, approximate="tanh"))
+        make = lambda d: (torch.randn(p["rows"], 2 * p["I"], device=d, dtype=dt),)  # noqa: E731
+        ref = lambda x: act(x[0][:, :p["I"]].double()) * x[0][:, p["I"]:].double()  # noqa: E731
+        return tuning.TensorRunner(make, lambda cfg, x: _launch(kernel, x[0], None, cfg), ref, device)
+    return declare(KernelSpace(
+        name, Space(block=[256, 512, 1024, 2048, 4096], num_warps=[1, 2, 4, 8, 16]),
+        key=lambda p: {"I": pow2_bucket(p["I"]), "rows": tuning.rows_bucket(p["rows"]),
+                       "dtype": p.get("dtype", "bfloat16")},
+        heuristic=_heuristic, prune=_prune, source=lambda: jit_source(kernel), runner=runner,
+        parse=tuning.parse_shape, example={"I": 14336, "rows": 64, "dtype": "bfloat16"}))
+
+
+SILU_SPACE = _space("activation.silu_and_mul.triton", _silu_and_mul_kernel)
+GELU_SPACE = _space("activation.gelu_tanh_and_mul.triton", _gelu_tanh_and_mul_kernel)
+_SPACES = {_silu_and_mul_kernel: SILU_SPACE, _gelu_tanh_and_mul_kernel: GELU_SPACE}
+
+
+def _launch(kernel, x, out, cfg: dict | None = None):
     I = x.shape[-1] // 2
     x2 = x.reshape(-1, 2 * I)
     y = out if out is not None else torch.empty(*x.shape[:-1], I, dtype=x.dtype, device=x.device)
@@ -74,7 +111,10 @@ def _launch(kernel, x, out):
     if rows == 0 or I == 0:
         return y
     y2 = y.view(-1, I)
-    block = _block(I)
+    if cfg is None:
+        cfg = tuning.config(_SPACES[kernel], {"I": I, "rows": rows,
+                                              "dtype": tuning.dtype_name(x.dtype)}, x.device)
+    block = cfg["block"]
     kernel[(rows, triton.cdiv(I, block))](
-        x2, y2, I, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=max(1, min(8, block // 256)))
+        x2, y2, I, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=cfg["num_warps"])
     return y

@@ -10,6 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+
+from ... import tuning
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
@@ -42,6 +45,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_rows, N, x_stri
 
 
 def _launch_params(N: int, n_rows: int) -> tuple[int, int, int]:
+    """The heuristic: one warp per 256 columns (up to 16), several short rows per program."""
     block = triton.next_power_of_2(N)
     num_warps = max(1, min(16, block // 256))
     # Small rows: several per program so each program still moves a few KB.
@@ -49,7 +53,35 @@ def _launch_params(N: int, n_rows: int) -> tuple[int, int, int]:
     return block, num_warps, rows
 
 
-def _run(x, residual, weight, eps, out, res_out):
+def _prune(cfg: dict, p, target) -> str | None:
+    block = triton.next_power_of_2(p["N"])
+    if cfg["num_warps"] * target.warp_size > block:
+        return "more threads than columns"
+    if cfg["rows"] > 1 and block > 4096:
+        return "several rows per program only for rows <= 4096 wide"
+    return None
+
+
+def _runner(p, device):
+    N, n_rows, dt = p["N"], p["rows"], getattr(torch, p.get("dtype", "bfloat16"))
+    make = lambda d: (torch.randn(n_rows, N, device=d, dtype=dt),  # noqa: E731
+                      torch.rand(N, device=d, dtype=dt) + 0.5)
+    ref = lambda x: (x[0].double() * torch.rsqrt(x[0].double().pow(2).mean(-1, keepdim=True)  # noqa: E731
+                                                + 1e-6) * x[1].double())
+    return tuning.TensorRunner(make, lambda cfg, x: _run(x[0], None, x[1], 1e-6, None, None, cfg),
+                               ref, device)
+
+
+SPACE = declare(KernelSpace(
+    "norm.rmsnorm.triton", Space(num_warps=[1, 2, 4, 8, 16, 32], rows=[1, 2, 4, 8]),
+    key=lambda p: {"N": pow2_bucket(p["N"]), "rows": tuning.rows_bucket(p["rows"]),
+                   "dtype": p.get("dtype", "bfloat16")},
+    heuristic=lambda p: dict(zip(("num_warps", "rows"), _launch_params(p["N"], p["rows"])[1:])),
+    prune=_prune, source=lambda: jit_source(_rmsnorm_kernel), runner=_runner,
+    parse=tuning.parse_shape, example={"N": 4096, "rows": 64, "dtype": "bfloat16"}))
+
+
+def _run(x, residual, weight, eps, out, res_out, cfg: dict | None = None):
     N = x.shape[-1]
     if N > MAX_HIDDEN:
         raise ValueError(f"x: hidden size {N} exceeds the Triton kernel's limit {MAX_HIDDEN}")
@@ -59,7 +91,11 @@ def _run(x, residual, weight, eps, out, res_out):
     n_rows = x2.shape[0]
     if n_rows == 0:
         return y
-    block, num_warps, rows = _launch_params(N, n_rows)
+    block = triton.next_power_of_2(N)
+    if cfg is None:
+        cfg = tuning.config(SPACE, {"N": N, "rows": n_rows,
+                                    "dtype": tuning.dtype_name(x.dtype)}, x.device)
+    num_warps, rows = cfg["num_warps"], cfg["rows"]
     has_res = residual is not None
     r2 = residual.reshape(-1, N) if has_res else x2
     ro2 = res_out.view(-1, N) if has_res else y2

@@ -10,6 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+
+from ... import tuning
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
@@ -49,19 +52,55 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, cache_ptr, H, D, x_s0, x_s1, y_s0, y_s1,
         tl.store(yrow + d[None, :], rest, mask=mr)
 
 
-def _rotate(x, positions, cache, gptj, inplace):
+def _prune(cfg, p, target) -> str | None:
+    if cfg["heads"] > 2 * triton.next_power_of_2(p["H"]):
+        return "more heads per program than twice the heads"
+    if cfg["num_warps"] * target.warp_size > cfg["heads"] * triton.next_power_of_2(p["D"] // 2) * 2:
+        return "more threads than elements per program"
+    return None
+
+
+def _runner(p, device):
+    from tskernels_ref.rope import apply_rope as ref_rope, cos_sin_cache as ref_cache
+    T, H, D, dt = p["T"], p["H"], p["D"], getattr(torch, p.get("dtype", "bfloat16"))
+    cache = ref_cache(4096, D).to(device)
+    gptj = p.get("style", "neox") == "gptj"
+
+    def make(d):
+        return (torch.randn(T, H, D, device=d, dtype=dt),
+                torch.randint(0, 4096, (T,), device=d, dtype=torch.int64))
+
+    def ref(x):
+        return ref_rope(x[0].double(), None, x[1], cache.double(), style=p.get("style", "neox"))[0]
+    return tuning.TensorRunner(make, lambda cfg, x: _rotate(x[0], x[1], cache, gptj, False, cfg),
+                               ref, device)
+
+
+SPACE = declare(KernelSpace(
+    "rope.apply_rope.triton", Space(heads=[1, 2, 4, 8, 16, 32], num_warps=[1, 2, 4, 8]),
+    key=lambda p: {"H": pow2_bucket(p["H"]), "D": pow2_bucket(p["D"]),
+                   "T": tuning.rows_bucket(p["T"]), "dtype": p.get("dtype", "bfloat16")},
+    heuristic=lambda p: {"heads": min(16, triton.next_power_of_2(p["H"])), "num_warps": 4},
+    prune=_prune, source=lambda: jit_source(_rope_kernel), runner=_runner,
+    parse=tuning.parse_shape, example={"T": 64, "H": 32, "D": 128, "dtype": "bfloat16"}))
+
+
+def _rotate(x, positions, cache, gptj, inplace, cfg: dict | None = None):
     T, H, D = x.shape
     y = x if inplace else torch.empty_like(x)
     if T == 0 or H == 0:
         return y
     half = cache.shape[1] // 2
-    heads = min(16, triton.next_power_of_2(H))
+    if cfg is None:
+        cfg = tuning.config(SPACE, {"T": T, "H": H, "D": D, "dtype": tuning.dtype_name(x.dtype)},
+                            x.device)
+    heads = cfg["heads"]
     copy_rest = (not inplace) and 2 * half < D
     _rope_kernel[(T, triton.cdiv(H, heads))](
         x, y, positions, cache, H, D, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
         cache.stride(0), HALF=half, BLOCK_HALF=triton.next_power_of_2(half), HEADS=heads,
         BLOCK_D=triton.next_power_of_2(max(D - 2 * half, 1)), GPTJ=gptj, COPY_REST=copy_rest,
-        num_warps=4)
+        num_warps=cfg["num_warps"])
     return y
 
 

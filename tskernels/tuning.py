@@ -1,0 +1,97 @@
+"""How kernels take their launch configs from `autotune`: one lookup per (kernel, bucket),
+memoised, through the documented fallback chain (exact -> nearest bucket -> device family ->
+the kernel's heuristic); and a runner that lets `python -m autotune tune` time a kernel.
+
+A backend declares its space beside the kernel (see `autotune.declare`) and asks
+
+    cfg = tuning.config(SPACE, problem, x.device)
+
+at launch (or plan) time. Lookups never search: tuning is `python -m autotune tune ...`
+(or `tskernels-bench --tune`). `explain(SPACE, problem, device)` says which link supplied it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from autotune import Choice, KernelSpace, Runner, choose, device_key
+
+# Bytes of input copies a memory-bound runner rotates through (H200 L2: 50 MB), so a timing
+# reads DRAM, not L2.
+ROTATE_BYTES = 256 << 20
+
+
+def parse_shape(text: str) -> dict:
+    """'N=4096,rows=8,dtype=bfloat16' -> {'N': 4096, 'rows': 8, 'dtype': 'bfloat16'}."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise ValueError(f"shape {text!r}: expected name=value pairs, got {part!r}")
+        out[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+    return out
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def rows_bucket(n_rows: int) -> int:
+    """Coarse row-count buckets: decode batches, prefill chunks, long prefills."""
+    return 1 if n_rows < 64 else 64 if n_rows < 1024 else 1024 if n_rows < 16384 else 16384
+
+
+def _device_name(device) -> str:
+    dev = torch.device(device)
+    return "cpu" if dev.type == "cpu" else device_key(dev)
+
+
+def choice(ks: KernelSpace, problem: Mapping, device) -> Choice:
+    return choose(ks, problem, _device_name(device))
+
+
+def config(ks: KernelSpace, problem: Mapping, device) -> dict:
+    """The launch config for `problem` on `device` (do not mutate: it is memoised)."""
+    return choose(ks, problem, _device_name(device)).config
+
+
+def explain(ks: KernelSpace, problem: Mapping, device) -> str:
+    return choice(ks, problem, device).explain()
+
+
+class TensorRunner(Runner):
+    """Runner over `copies` of one problem's inputs.
+
+    make(device) -> inputs (a tuple of tensors); launch(cfg, inputs) -> output; reference(inputs)
+    -> the expected output (any torch reference of the op). Copies are made until they hold
+    ROTATE_BYTES (at least one), and each timed call uses the next copy.
+    """
+
+    def __init__(self, make: Callable[[str], tuple], launch: Callable[[dict, tuple], torch.Tensor],
+                 reference: Callable[[tuple], torch.Tensor], device: str, *,
+                 rotate: bool = True):
+        first = make(device)
+        size = sum(t.numel() * t.element_size() for t in first if isinstance(t, torch.Tensor))
+        n = 1 if not rotate or size == 0 else max(1, min(64, ROTATE_BYTES // max(size, 1)))
+        self.inputs = [first] + [make(device) for _ in range(n - 1)]
+        self.launch, self.reference, self._i = launch, reference, 0
+        self.expected = reference(first)
+
+    def build(self, cfg: dict):
+        def call():
+            self._i = (self._i + 1) % len(self.inputs)
+            return self.launch(cfg, self.inputs[self._i])
+        return call
+
+    def check(self, cfg: dict) -> bool:
+        from .numerics import error_stats, tolerance
+        out = self.launch(cfg, self.inputs[0])
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        refs = self.expected if isinstance(self.expected, (tuple, list)) else (self.expected,)
+        for o, r in zip(outs, refs):
+            tol = tolerance(o.dtype)
+            st = error_stats(o.float(), r.float())
+            if not (st.rel_rms <= tol.rel_rms and st.rel_max <= tol.rel_max):
+                return False
+        return True
