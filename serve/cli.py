@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shutdown-grace", type=float, default=_STREAM_GRACE_S,
                    help="on SIGINT/SIGTERM, seconds in-flight requests may run before they end "
                         f"with a 503 (default: {_STREAM_GRACE_S:g})")
+    o = p.add_argument_group("chat output", "how chat completions are parsed "
+                             "(docs/OPENAI_FEATURES.md)")
+    o.add_argument("--tool-call-parser", default="auto",
+                   choices=["auto", "hermes", "llama3_json"],
+                   help="format of the model's tool calls (default: auto, from the chat "
+                   "template: llama3_json for Llama 3 templates, else hermes)")
+    o.add_argument("--reasoning-parser", default="auto",
+                   choices=["auto", "none", "think", "deepseek_r1"],
+                   help="split <think>...</think> into reasoning_content (default: auto, "
+                   "'think' when the tokenizer has <think> / </think> tokens)")
     e = p.add_argument_group("engine", "unset flags keep the engine's defaults")
     e.add_argument("--max-model-len", type=int, help="context length: prompt + completion tokens")
     e.add_argument("--max-num-seqs", type=int, help="most requests in one running batch")
@@ -113,6 +123,8 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     import uvicorn
 
     from serve.api import EngineClient, EngineDeadError, ServerState, build_app
+    from serve.api.reasoning import resolve_parser as resolve_reasoning_parser
+    from serve.api.tools import resolve_tool_parser
 
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
@@ -157,6 +169,10 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         state = ServerState(client=client, tokenizer=info["tokenizer"], model_name=name,
                             max_model_len=info["max_model_len"],
                             model_names={name, info["model_name"], args.model}, limits=limits)
+        state.tool_call_parser = resolve_tool_parser(args.tool_call_parser, state.tokenizer)
+        state.reasoning_parser = resolve_reasoning_parser(args.reasoning_parser, state.tokenizer)
+        log.info("chat output: tool calls parsed as %s, reasoning parser %s",
+                 state.tool_call_parser, state.reasoning_parser or "none")
         config = uvicorn.Config(build_app(state, args.api_key, args.allowed_origins),
                                 lifespan="off", log_level=args.log_level,
                                 access_log=args.access_log,

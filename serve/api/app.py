@@ -38,6 +38,8 @@ class ServerState:
     tokenize_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="tokenize"))
     max_token_chars: int | None = None   # longest vocabulary entry (prompt-length bound)
+    tool_call_parser: str = "hermes"     # resolved --tool-call-parser (serve.api.tool_parsers)
+    reasoning_parser: str | None = None  # resolved --reasoning-parser (serve.api.reasoning)
 
 
 def _error(status: int, message: str, type_: str, code=None, param=None) -> JSONResponse:

@@ -28,6 +28,8 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     last_token_at: float | None = None
+    cached_tokens: int = 0
+    chat_out: object = None             # serve.api.chat_output.ChatOutput (chat only)
 
 
 @dataclass
@@ -37,19 +39,25 @@ class Delta:
     token_ids: list                     # generated ids new in this delta
     logprobs: list                      # their logprob entries (if requested)
     finish_reason: str | None
+    fields: dict | None = None          # chat: delta fields (content / reasoning / tool calls)
 
 
 def sampling_params(spec: GenerateSpec, max_tokens: int, seed: int | None) -> dict:
     """The SamplingParams fields of one engine request, as plain data for the ZMQ message."""
     return dict(max_tokens=max_tokens, temperature=spec.temperature, top_p=spec.top_p,
                 top_k=spec.top_k, min_p=spec.min_p, seed=seed,
-                stop_token_ids=tuple(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
-                logprobs=spec.logprobs)
+                stop_token_ids=list(spec.stop_token_ids), ignore_eos=spec.ignore_eos,
+                logprobs=spec.logprobs, presence_penalty=spec.presence_penalty,
+                frequency_penalty=spec.frequency_penalty,
+                repetition_penalty=spec.repetition_penalty,
+                logit_bias=[list(b) for b in spec.logit_bias], grammar=spec.grammar)
 
 
 class Generation:
     def __init__(self, client: EngineClient, tokenizer, metrics: ServerMetrics, spec: GenerateSpec,
-                 prompts: list[list[int]], max_tokens: list[int], arrival: float):
+                 prompts: list[list[int]], max_tokens: list[int], arrival: float,
+                 chat_output=None):
+        """chat_output: None, or a factory of a ChatOutput per choice (chat responses)."""
         self.client, self.tokenizer, self.metrics, self.spec = client, tokenizer, metrics, spec
         self.arrival = arrival
         self.id = uuid.uuid4().hex
@@ -64,7 +72,8 @@ class Generation:
                 choice = Choice(index=p * spec.n + i, request_id=f"{self.id}-{p * spec.n + i}",
                                 prompt_token_ids=prompt,
                                 detok=IncrementalDetokenizer(tokenizer, prompt, spec.skip_special_tokens),
-                                stop=StopChecker(spec.stop))
+                                stop=StopChecker(spec.stop),
+                                chat_out=chat_output() if chat_output else None)
                 self.choices.append(choice)
                 self._requests.append((choice.request_id, prompt,
                                        sampling_params(spec, max_tokens[p], seed)))
@@ -90,7 +99,16 @@ class Generation:
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache served: per prompt, the fewest any of its choices
+        got (so never more than one copy of the prompt)."""
+        n = self.spec.n
+        return sum(min(c.cached_tokens for c in self.choices[p:p + n])
+                   for p in range(0, len(self.choices), n))
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Yields a Delta per engine output (text may be empty while characters are incomplete)."""
@@ -113,6 +131,7 @@ class Generation:
         choice.completion_tokens += len(tokens)
         self.metrics.generation_tokens.inc(len(tokens))
         finished, reason = out["finished"], out["finish_reason"]
+        choice.cached_tokens = max(choice.cached_tokens, out.get("cached_tokens") or 0)
         text = ""
         for j, token in enumerate(tokens):
             # The engine stops on a stop token id after emitting it; like OpenAI, its text is
@@ -128,11 +147,15 @@ class Generation:
         elif finished:
             text += choice.stop.flush()
         choice.text += text
+        fields = choice.chat_out.feed(text, finished) if choice.chat_out is not None else None
         if finished:
+            if choice.chat_out is not None:
+                reason = choice.chat_out.finish_reason(reason)
             choice.finish_reason = reason
             self.metrics.e2e.observe(now - self.arrival)
             self.metrics.finished.inc(finish_reason=str(reason))
-        return Delta(choice, text, tokens, entries, choice.finish_reason if finished else None)
+        return Delta(choice, text, tokens, entries, choice.finish_reason if finished else None,
+                     fields)
 
     def _observe_latency(self, choice: Choice, num_tokens: int, now: float) -> None:
         if num_tokens == 0:

@@ -51,6 +51,14 @@ class GenerateSpec:
     include_usage: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False                   # extension: choices carry "token_ids"
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0                  # extension (vLLM)
+    logit_bias: list = field(default_factory=list)   # [(token_id, bias)]
+    tools: object = None                             # serve.api.tools.ToolRequest | None
+    response_schema: object = None                   # JSON schema the output must match
+    grammar: str | None = None                       # llguidance grammar (set by routes)
+    prompt_tail: str = ""                            # chat: the rendered prompt's end
 
 
 class _Fields:
@@ -114,10 +122,13 @@ class _Fields:
 
 
 # Known OpenAI fields this server does not implement -> the values that mean "not used".
-# A clear 400 beats silently ignoring them.
-_UNSUPPORTED = {"echo": (False,), "suffix": ("",), "logit_bias": ({},), "tools": ([],),
-                "functions": ([],), "presence_penalty": (0,), "frequency_penalty": (0,),
-                "best_of": (1,)}
+# A clear 400 beats silently ignoring them. Fields not listed anywhere here are ignored
+# (documented in docs/OPENAI_FEATURES.md: user, metadata, service_tier, store=false, ...).
+_UNSUPPORTED = {"echo": (False,), "suffix": ("",), "functions": ([],),
+                "function_call": ("none", "auto"), "best_of": (1,), "audio": (),
+                "modalities": (["text"],), "prediction": (), "web_search_options": (),
+                "store": (False,), "reasoning_effort": (), "verbosity": ()}
+MAX_LOGIT_BIAS = 1024
 
 
 def _reject_unsupported(body: dict) -> None:
@@ -144,6 +155,12 @@ def _common(f: _Fields, spec: GenerateSpec) -> GenerateSpec:
     spec.skip_special_tokens = f.bool("skip_special_tokens", True)
     spec.return_token_ids = f.bool("return_token_ids")
     spec.stream = f.bool("stream")
+    spec.presence_penalty = f.float("presence_penalty", 0.0, lo=-2.0, hi=2.0)
+    spec.frequency_penalty = f.float("frequency_penalty", 0.0, lo=-2.0, hi=2.0)
+    spec.repetition_penalty = f.float("repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True)
+    spec.logit_bias = _logit_bias(f.body.get("logit_bias"))
+    from serve.api.tools import parse_response_format   # late: tools imports this module
+    spec.response_schema = parse_response_format(f.body)
     opts = f.body.get("stream_options")
     if opts is not None:
         if not isinstance(opts, dict):
@@ -154,8 +171,33 @@ def _common(f: _Fields, spec: GenerateSpec) -> GenerateSpec:
     return spec
 
 
+def _logit_bias(v) -> list:
+    """OpenAI's {"token_id": bias} map (keys are strings in JSON) -> [(id, bias)]."""
+    if v is None:
+        return []
+    if not isinstance(v, dict):
+        raise bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"'logit_bias' has {len(v)} entries; at most {MAX_LOGIT_BIAS}")
+    out = []
+    for k, b in v.items():
+        try:
+            t = int(k)
+        except (TypeError, ValueError):
+            t = -1
+        if t < 0 or str(t) != str(k).strip():
+            raise bad("logit_bias", f"'logit_bias' keys must be token ids, got {k!r}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+            raise bad("logit_bias", f"'logit_bias' values must be numbers in [-100, 100], got {b!r}")
+        out.append((t, float(b)))
+    return out
+
+
 def parse_completion(body) -> GenerateSpec:
     f = _fields_of(body)
+    for name in ("tools", "tool_choice"):
+        if f.body.get(name) is not None:
+            raise bad(name, f"'{name}' is a chat completions parameter")
     spec = _common(f, GenerateSpec(chat=False, model=None))
     spec.max_tokens = f.int("max_tokens", 16, lo=1)
     spec.logprobs = f.int("logprobs", None, lo=0, hi=MAX_LOGPROBS)
@@ -175,6 +217,11 @@ def parse_chat(body) -> GenerateSpec:
     elif top is not None:
         raise bad("top_logprobs", "'top_logprobs' requires 'logprobs': true")
     spec.messages = _messages(body.get("messages"))
+    from serve.api.tools import parse_tools
+    spec.tools = parse_tools(body)
+    if spec.tools is not None and spec.response_schema is not None and spec.tools.choice != "none":
+        raise bad("response_format", "'response_format' cannot be combined with 'tools' "
+                  "(unless 'tool_choice' is 'none')")
     return spec
 
 
@@ -218,8 +265,10 @@ def _messages(messages) -> list[dict]:
         role = m.get("role")
         if role not in _ROLES:
             raise bad(f"{param}.role", f"'{param}.role' must be one of {sorted(_ROLES)}, got {role!r}")
+        from serve.api.tools import message_tool_fields
         out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(m.get("content"), f"{param}.content")})
+                    "content": _content(m.get("content"), f"{param}.content"),
+                    **message_tool_fields(m, param)})
     return out
 
 

@@ -22,6 +22,8 @@ from serve.api.engine_client import (
 from serve.api.generation import Delta, Generation
 from serve.api.guards import parse_json, read_body
 from serve.api.protocol import ApiError, GenerateSpec, bad, parse_chat, parse_completion
+from serve.api.structured import chat_output_factory, prepare_grammar
+from serve.api.tools import render_chat
 
 
 class ClientGone(Exception):
@@ -60,6 +62,7 @@ async def _run(request: Request, state, chat: bool, arrival: float):
                        f"'{state.model_name}'", param="model", code="model_not_found")
     _check_size_before_tokenizing(state, spec)
     loop = asyncio.get_running_loop()
+    await loop.run_in_executor(state.tokenize_pool, prepare_grammar, spec, state.tool_call_parser)
     if chat:
         prompts = [await loop.run_in_executor(state.tokenize_pool, _chat_prompt, state.tokenizer,
                                               spec)]
@@ -70,7 +73,8 @@ async def _run(request: Request, state, chat: bool, arrival: float):
     max_tokens = [_check_lengths(state, spec, p) for p in prompts]
     _check_token_ids(state, spec, prompts)
 
-    gen = Generation(state.client, state.tokenizer, state.metrics, spec, prompts, max_tokens, arrival)
+    gen = Generation(state.client, state.tokenizer, state.metrics, spec, prompts, max_tokens, arrival,
+                     chat_output_factory(state, spec) if chat else None)
     streaming = False   # once the event stream owns `gen`, it closes it
     try:
         gen.start()
@@ -132,12 +136,8 @@ def _completion_prompt(tokenizer, prompt) -> list[int]:
 
 
 def _chat_prompt(tokenizer, spec: GenerateSpec) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise bad("messages", "this model has no chat template; use /v1/completions")
-    try:
-        text = tokenizer.apply_chat_template(spec.messages, add_generation_prompt=True, tokenize=False)
-    except Exception as e:   # jinja2 raises for e.g. roles that do not alternate
-        raise bad("messages", f"the chat template rejected the messages: {e}") from None
+    text = render_chat(tokenizer, spec.messages, spec.tools)   # 400 when the template refuses
+    spec.prompt_tail = text[-64:]   # reasoning parsers look for a <think> the template opened
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -166,6 +166,8 @@ def _check_token_ids(state, spec: GenerateSpec, prompts: list[list[int]]) -> Non
         raise bad("stop_token_ids", f"token ids must be < the vocabulary size {vocab}")
     if any(t >= vocab for p in prompts for t in p):
         raise bad("prompt", f"token ids must be < the vocabulary size {vocab}")
+    if any(t >= vocab for t, _ in spec.logit_bias):
+        raise bad("logit_bias", f"token ids must be < the vocabulary size {vocab}")
 
 
 async def _drain(gen: Generation) -> None:
@@ -234,7 +236,7 @@ async def _sse_chunks(state, gen: Generation, first: Delta, deltas):
     delta = first
     try:
         while True:
-            if delta.text or delta.logprobs or delta.finish_reason:
+            if (delta.fields if spec.chat else delta.text) or delta.logprobs or delta.finish_reason:
                 yield _sse(_chunk(state, gen, [_delta_choice(state, gen, delta)], usage_field))
             try:
                 delta = await deltas.__anext__()
@@ -256,7 +258,7 @@ def _chunk(state, gen: Generation, choices: list, extra: dict) -> dict:
 
 def _delta_choice(state, gen: Generation, d: Delta) -> dict:
     if gen.spec.chat:
-        out = {"index": d.choice.index, "delta": {"content": d.text} if d.text else {},
+        out = {"index": d.choice.index, "delta": d.fields or {},
                "logprobs": _chat_logprobs(state, d.logprobs) if gen.spec.logprobs is not None else None}
     else:
         offset = len(d.choice.text) - len(d.text)
@@ -273,7 +275,7 @@ def _full_response(state, gen: Generation) -> dict:
     choices = []
     for c in gen.choices:
         if gen.spec.chat:
-            choice = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+            choice = {"index": c.index, "message": c.chat_out.message(),
                       "logprobs": _chat_logprobs(state, c.logprobs) if gen.spec.logprobs is not None else None}
         else:
             choice = {"index": c.index, "text": c.text,

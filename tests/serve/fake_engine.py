@@ -3,7 +3,8 @@
 Its tokenizer is byte-level (one token per UTF-8 byte, so every non-ASCII character spans
 several tokens) with a chat template. It "generates" a fixed script that contains multi-byte
 characters; greedy requests start the script at 0, sampled ones at an offset drawn from the
-request's seed. KV pages are accounted like a paged engine so /metrics can show a free pool.
+request's seed; a prompt containing "[reply]TEXT[/reply]" gets TEXT and then EOS (scripted
+tool calls, reasoning). KV pages are accounted like a paged engine so /metrics can show a free pool.
 Model names: "fake" (5 ms steps), "fake:slow" (50 ms steps), "fake:crash" (slow; the 20th step raises).
 
 `ServerProcess` and `tiny_model` (bottom) launch `python -m serve` for the server test modules.
@@ -52,6 +53,7 @@ class _Request:
     params: SamplingParams
     offset: int
     generated: int = 0
+    reply: list | None = None     # the prompt's last "[reply]TEXT[/reply]": TEXT, then EOS
 
 
 class FakeEngine:
@@ -78,8 +80,13 @@ class FakeEngine:
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id}")
         offset = 0 if params.temperature == 0 else random.Random(params.seed).randrange(len(self._script))
-        self._requests[request_id] = _Request(request_id, list(prompt_token_ids), params, offset)
+        self._requests[request_id] = _Request(request_id, list(prompt_token_ids), params, offset,
+                                              reply=self._reply(prompt_token_ids))
         self._order.append(request_id)
+
+    def _reply(self, prompt_token_ids) -> list | None:
+        m = re.findall(r"\[reply\](.*?)\[/reply\]", self.tokenizer.decode(prompt_token_ids), re.S)
+        return self.tokenizer.encode(m[-1], add_special_tokens=False) if m else None
 
     def abort(self, request_id: str) -> None:
         del self._requests[request_id]
@@ -105,6 +112,8 @@ class FakeEngine:
         p = r.params
         wants_eos = "[eos]" in self.tokenizer.decode(r.prompt) and r.generated == 5 and not p.ignore_eos
         token = self._eos if wants_eos else self._script[(r.offset + r.generated) % len(self._script)]
+        if r.reply is not None:
+            token = r.reply[r.generated] if r.generated < len(r.reply) else self._eos
         r.generated += 1
         self._generated_total += 1
         reason = "stop" if token == self._eos or token in p.stop_token_ids else \
