@@ -4,6 +4,9 @@ from __future__ import annotations
 import torch
 
 from ._common import compute_dtype
+from .gemm import quantize_fp8_per_token_group
+
+FP8_BLOCK = 128
 
 
 def topk_softmax(
@@ -125,11 +128,19 @@ def fused_experts(
     topk_ids: torch.Tensor,
     *,
     activation: str = "silu",
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_k w[t,k] * (act(x[t] W_gate^T) * (x[t] W_up^T)) W2^T of expert e = ids[t,k].
 
     W_gate = w13[e, :I], W_up = w13[e, I:]. The intermediate stays in float32 (ground truth;
     kernels that round it to bf16 differ at bf16 tolerance).
+
+    Block-fp8 weights (float8_e4m3fn w13 / w2 with w13_scale [E, ceil(2I/128), ceil(H/128)]
+    and w2_scale [E, ceil(H/128), ceil(I/128)]): dequant(w) = w * scale per 128 x 128 block,
+    and the activations are quantized as DeepSeek-V3 runs them: x and the SiLU-mul output
+    to e4m3 per 1 x 128 group (`gemm.quantize_fp8_per_token_group`), then dequantized; the
+    rest is float32 math.
 
     Args:
         x: [T, H].
@@ -141,6 +152,11 @@ def fused_experts(
     Returns:
         out [T, H] in x.dtype.
     """
+    fp8 = w13_scale is not None
+    if fp8:
+        w13, w2 = _dequant_blocks(w13, w13_scale), _dequant_blocks(w2, w2_scale)
+        x_in = x
+        x = _fake_quant(x)
     dtype = compute_dtype(x, w13, w2)
     num_tokens, hidden = x.shape
     inter = w13.shape[1] // 2
@@ -153,9 +169,24 @@ def fused_experts(
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
         h = xf[tok] @ w13[e].to(dtype).T
         act = _activation(activation, h[:, :inter]) * h[:, inter:]
+        if fp8:
+            act = _fake_quant(act)
         y = act @ w2[e].to(dtype).T
         out.index_add_(0, tok, y * topk_weights[tok, slot].to(dtype)[:, None])
-    return out.to(x.dtype)
+    return out.to(x_in.dtype if fp8 else x.dtype)
+
+
+def _dequant_blocks(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """[E, N, K] e4m3 with [E, ceil(N/128), ceil(K/128)] block scales -> float32."""
+    n, k = w.shape[1:]
+    s = scale.float().repeat_interleave(FP8_BLOCK, 1)[:, :n].repeat_interleave(FP8_BLOCK, 2)
+    return w.float() * s[:, :, :k]
+
+
+def _fake_quant(a: torch.Tensor) -> torch.Tensor:
+    """a quantized to e4m3 per 1 x 128 group and back (float32)."""
+    q, s = quantize_fp8_per_token_group(a.float(), FP8_BLOCK)
+    return q.float() * s.repeat_interleave(FP8_BLOCK, 1)[:, :a.shape[1]]
 
 
 def combine(expert_out: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference  # noqa: F401  (register backends)
+from . import reference, triton_align, triton_experts, triton_routing  # noqa: F401  (register)
 
 WEIGHT_DTYPES = (torch.float32, torch.float64)
 ACTIVATIONS = ("gelu", "silu")
@@ -109,27 +109,49 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_size: int, *
     return kern(topk_ids, num_experts, block_size)
 
 
+FP8_WEIGHT_BLOCK = 128
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                  activation: str = "silu", backend: str | None = None) -> torch.Tensor:
+                  activation: str = "silu", w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None, backend: str | None = None
+                  ) -> torch.Tensor:
     """out[t] = sum_k topk_weights[t, k] * (act(x[t] W_gate^T) * (x[t] W_up^T)) W2^T, with the
     weights of expert e = topk_ids[t, k]: W_gate = w13[e, :I], W_up = w13[e, I:], W2 = w2[e].
-    Ids outside [0, E) contribute nothing.
+    Ids outside [0, E) contribute nothing. Only the routed (token, expert) rows are computed.
 
-    x: [T, H] fp32/fp16/bf16. w13: [E, 2I, H] (gate rows, then up rows), x's dtype.
-    w2: [E, H, I], x's dtype. topk_weights: float32 [T, k]. topk_ids: int32/int64 [T, k].
-    activation: "silu" or "gelu" (tanh approximation). All on one device.
-    Returns out [T, H] in x's dtype.
+    x: [T, H] fp32/fp16/bf16. w13: [E, 2I, H] (gate rows, then up rows), x's dtype, or
+    float8_e4m3fn with w13_scale. w2: [E, H, I], same dtype as w13. topk_weights: float32
+    [T, k]. topk_ids: int32/int64 [T, k]. activation: "silu" or "gelu" (tanh approximation).
+    Block-fp8 weights (DeepSeek-V3 / HF `weight_scale_inv` layout): w13_scale float32
+    [E, ceil(2I/128), ceil(H/128)], w2_scale float32 [E, ceil(H/128), ceil(I/128)], one scale
+    per 128 x 128 weight block (dequant(w) = w * scale); activations (x, and the SiLU-mul
+    output) are then quantized to e4m3 per 1 x 128 group, as DeepSeek-V3 runs them; x must be
+    fp16/bf16. All on one device.
+    Returns out [T, H] in x's dtype. No host sync, no data-dependent shape: CUDA-graph safe
+    on the Triton backend.
     """
     _check.tensor("x", x, ndim=2, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
     tokens, hidden = x.shape
-    _check.tensor("w13", w13, ndim=3, dtypes=(x.dtype,), shape=(None, None, hidden),
-                  device=x.device)
+    fp8 = w13.dtype in _check.FP8 if isinstance(w13, torch.Tensor) else False
+    wdt = _check.FP8 if fp8 else (x.dtype,)
+    _check.tensor("w13", w13, ndim=3, dtypes=wdt, shape=(None, None, hidden), device=x.device)
     num_experts, two_inter, _ = w13.shape
     if two_inter % 2:
         raise ValueError(f"w13: dim 1 holds gate and up rows (2I), must be even, got {two_inter}")
-    _check.tensor("w2", w2, dtypes=(x.dtype,), shape=(num_experts, hidden, two_inter // 2),
-                  device=x.device)
+    inter = two_inter // 2
+    _check.tensor("w2", w2, dtypes=wdt, shape=(num_experts, hidden, inter), device=x.device)
+    if fp8:
+        if x.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"x: block-fp8 experts take fp16/bf16 activations, got {x.dtype}")
+        b = FP8_WEIGHT_BLOCK
+        _check.tensor("w13_scale", w13_scale, dtypes=(torch.float32,),
+                      shape=(num_experts, -(-two_inter // b), -(-hidden // b)), device=x.device)
+        _check.tensor("w2_scale", w2_scale, dtypes=(torch.float32,),
+                      shape=(num_experts, -(-hidden // b), -(-inter // b)), device=x.device)
+    elif w13_scale is not None or w2_scale is not None:
+        raise ValueError("w13_scale / w2_scale: only for float8_e4m3fn weights")
     _check.tensor("topk_weights", topk_weights, ndim=2, dtypes=WEIGHT_DTYPES,
                   shape=(tokens, None), device=x.device)
     top_k = topk_weights.shape[1]
@@ -139,7 +161,12 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         raise ValueError(f"activation: expected one of {list(ACTIVATIONS)}, got {activation!r}")
     kern = select("moe", "fused_experts", device=x.device,
                   formats={"x": fmt(x.dtype), "w": fmt(w13.dtype)},
-                  traits={"activation": activation, "top_k": top_k}, backend=backend)
+                  traits={"activation": activation, "top_k": top_k,
+                          "weight_block": FP8_WEIGHT_BLOCK if fp8 else None},
+                  backend=backend)
+    if fp8:
+        return kern(x, w13, w2, topk_weights, topk_ids, activation=activation,
+                    w13_scale=w13_scale, w2_scale=w2_scale)
     return kern(x, w13, w2, topk_weights, topk_ids, activation=activation)
 
 

@@ -25,8 +25,10 @@ def align_by_expert(topk_ids, num_experts, block_size):
 
 
 @register("moe", "fused_experts", **REF)
-def fused_experts(x, w13, w2, topk_weights, topk_ids, *, activation):
-    return ref.fused_experts(x, w13, w2, topk_weights, topk_ids, activation=activation)
+def fused_experts(x, w13, w2, topk_weights, topk_ids, *, activation, w13_scale=None,
+                  w2_scale=None):
+    return ref.fused_experts(x, w13, w2, topk_weights, topk_ids, activation=activation,
+                             w13_scale=w13_scale, w2_scale=w2_scale)
 
 
 @register("moe", "combine", **REF)
