@@ -49,7 +49,8 @@ def attention_probe() -> None:
 
 def step_probe() -> None:
     from serve.engine import Engine, SamplingParams
-    from tskernels.ops import cpu_native
+    from tskernels.ops.norm import cpu_native as norm_native
+    from tskernels.ops.rope import cpu_native as rope_native
     from tskernels.ops.gemm import cpu_stream
 
     engine = Engine("default", dtype="float32", device="cpu", enable_prefix_caching=False)
@@ -64,8 +65,8 @@ def step_probe() -> None:
         return wrapper
 
     cpu_stream._small_mm = timed("gemm", cpu_stream._small_mm)
-    cpu_native._norm = timed("norm", cpu_native._norm)
-    cpu_native._rope_one = timed("rope", cpu_native._rope_one)
+    norm_native._norm = timed("norm", norm_native._norm)
+    rope_native._rope_one = timed("rope", rope_native._rope_one)
     prompt = list(range(100, 146))
     for batch in (1, 8):
         for i in range(batch):

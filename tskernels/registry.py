@@ -428,7 +428,8 @@ def verification_table(builtin_only: bool = True) -> str:
     copy current). builtin_only: leave out kernels registered by plugins or other packages."""
     rows = ["| op | backend | band | run-verified on | interpreter (CPU) | compile-verified for |",
             "|---|---|---|---|---|---|"]
-    for k in kernels():
+    # sorted by backend within an op: the table does not depend on the order files import in
+    for k in sorted(kernels(), key=lambda k: (k.family, k.op, k.backend)):
         if builtin_only and not getattr(k.fn, "__module__", "").startswith("tskernels."):
             continue
         run = ", ".join(sorted(k.verification.run)) or "—"

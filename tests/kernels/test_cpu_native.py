@@ -14,11 +14,11 @@ import tskernels_ref.activation as ref_act
 import tskernels_ref.norm as ref_norm
 import tskernels_ref.rope as ref_rope
 from tskernels.numerics import assert_close
-from tskernels.ops import cpu_native
+from tskernels.ops._common import cpu_extension
 
-pytestmark = pytest.mark.skipif(not cpu_native.available(),
+B = "cpu_native"
+pytestmark = pytest.mark.skipif(not tskernels.available("norm", "rmsnorm", B, device="cpu"),
                                 reason="tskernels._cpu extension not built")
-B = cpu_native.BACKEND
 
 
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
@@ -61,7 +61,7 @@ def test_silu_and_mul(seed, rows, inter, dtype):
     x = xd.float()
     want = ref_act.silu_and_mul(x.double())
     portable = torch.empty(rows, inter)  # the loop CPUs without AVX-512 run
-    cpu_native._cpu.silu_and_mul_f32(x.data_ptr(), x.stride(0), portable.data_ptr(), inter, rows,
+    cpu_extension().silu_and_mul_f32(x.data_ptr(), x.stride(0), portable.data_ptr(), inter, rows,
                                      inter, vector=False)
     assert_close(portable, want, baseline=ref_act.silu_and_mul(x))
 

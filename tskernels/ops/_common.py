@@ -6,7 +6,7 @@ import pkgutil
 
 import torch
 
-from ..registry import ALL_TARGETS, ANY_DEVICE, TRITON_GPU
+from ..registry import ALL_TARGETS, ANY_DEVICE, TRITON_GPU, Capability
 
 # Registration keywords of a reference backend: runs wherever torch runs, lowest band.
 REF = dict(backend="reference", capability=ANY_DEVICE, band="reference",
@@ -16,6 +16,29 @@ REF = dict(backend="reference", capability=ANY_DEVICE, band="reference",
 # matrix, the interpreter tier runs it on CPU; run verification comes from verified.json.
 TRITON = dict(backend="triton", capability=TRITON_GPU, band="portable", compiled=ALL_TARGETS,
               interpreter=True)
+
+
+CPU_ONLY = Capability(vendors=frozenset({"cpu"}))
+
+# Registration keywords of the C++ CPU backends ("cpu_native" in norm / activation / rope): opt-in
+# (never auto-selected: they sum in another order than the reference), run-verified on the CPU.
+CPU_NATIVE = dict(backend="cpu_native", capability=CPU_ONLY, band="portable",
+                  run_verified=("cpu",), opt_in=True, tags=("deterministic",))
+
+
+def cpu_extension():
+    """The compiled `tskernels._cpu` module, or None in a source checkout without it."""
+    try:
+        from .. import _cpu
+    except ImportError:
+        return None
+    return _cpu
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a 2-D [rows, last dim] view with unit last stride (a copy only when needed)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 def into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:

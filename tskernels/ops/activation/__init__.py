@@ -6,7 +6,6 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from .. import cpu_native  # noqa: F401  (registers this family's CPU backend)
 from .._common import load_backends
 
 BACKENDS = load_backends(__name__, __path__)

@@ -1,0 +1,91 @@
+// Shared pieces of tskernels' CPU kernels (tskernels/_cpu): includes, the bf16 widening, the
+// AVX-512 exp, and the run-time AVX-512 check. One translation unit per family includes it:
+// cpu_gemm.cpp (small-M GEMM), cpu_attention.cpp (paged decode attention, K/V row store),
+// cpu_elementwise.cpp (RMSNorm, SiLU-and-mul, RoPE); cpu_module.cpp binds them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define TSK_X86 1
+#endif
+
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+namespace {
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {
+  const uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+bool has_avx512() {
+#ifdef TSK_X86
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+#ifdef TSK_X86
+// 16 weights widened to fp32 (a full vector, or the first `count` of them, zeros after).
+__attribute__((target("avx512f"))) inline __m512 load_w(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+__attribute__((target("avx512f"))) inline __m512 load_w(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+__attribute__((target("avx512f"))) inline __m512 load_w_tail(const float* p, int64_t count) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+}
+__attribute__((target("avx512f"))) inline __m512 load_w_tail(const uint16_t* p,
+                                                             int64_t count) {
+  uint16_t buf[16] = {0};
+  std::memcpy(buf, p, sizeof(uint16_t) * count);
+  return load_w(buf);
+}
+
+// exp(x) for a vector: 2^(x log2 e) = 2^n * 2^f, n = round, |f| <= 1/2, 2^f by a degree-6
+// polynomial (rel. error ~2e-7, below fp32 rounding of the inputs), 2^n by scalef. Inputs
+// below -87 flush to 0 (softmax weights that small do not matter in fp32).
+__attribute__((target("avx512f,fma"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+}  // namespace
+
+// Each family's translation unit adds its functions to the module.
+void bind_gemm(nb::module_& mod);
+void bind_attention(nb::module_& mod);
+void bind_elementwise(nb::module_& mod);
