@@ -110,6 +110,8 @@ PARITY = {
     # Qwen3's own default layout: full layers below max_window_layers, windowed above
     "qwen3-max-window-layers": ("tiny-qwen3", dict(use_sliding_window=True, sliding_window=5,
                                                    max_window_layers=1)),
+    # Qwen3-MoE: every layer windowed when use_sliding_window
+    "qwen3-moe-window": ("tiny-qwen3-moe", dict(use_sliding_window=True, sliding_window=6)),
     # Mistral-style: every layer windowed
     "mistral-window": ("tiny-llama", dict(model_type="mistral",
                                           architectures=["MistralForCausalLM"],
