@@ -25,17 +25,24 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     return c.to(out_dtype or a.dtype)
 
 
-def gemv(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Decode-shaped c = a @ b.T with M <= 16 (the kernels use split-K); same math as `mm`.
+def gemv(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode-shaped c = a @ b.T (+ residual) with M <= 16 (the kernels use split-K).
 
     Args:
         a: [M, K], M <= 16.
         b: [N, K].
         out_dtype: dtype of c (default a.dtype).
+        residual: optional [M, N], added to the float32 (float64) product before the one
+            rounding to out_dtype (a fused residual-add epilogue).
     Returns:
         c [M, N].
     """
-    return mm(a, b, out_dtype=out_dtype)
+    if residual is None:
+        return mm(a, b, out_dtype=out_dtype)
+    dtype = compute_dtype(a, b, residual)
+    c = a.to(dtype) @ b.to(dtype).T + residual.to(dtype)
+    return c.to(out_dtype or a.dtype)
 
 
 def _expand_scale(scale: torch.Tensor, rows: int, cols: int, row_block: int, col_block: int) -> torch.Tensor:
@@ -118,3 +125,57 @@ def quantize_fp8_block(
     scale = _safe_scale(tiles.abs().amax(dim=(1, 3)), eps)
     q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(nb * block, kb * block)
     return q[:n, :k].to(FP8_DTYPE), scale
+
+
+def quantize_fp8_per_tensor(
+    x: torch.Tensor, scale: torch.Tensor | None = None, *, eps: float = 1e-10
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor fp8 quantization: one scale for the whole tensor.
+
+    Dynamic (scale None): scale = max(|x|, eps) / 448. Static: the given scale (a 1-element
+    float tensor). q = clamp(x / scale, +-448) -> e4m3.
+
+    Args:
+        x: [..] float.
+    Returns:
+        (q float8_e4m3fn like x, scale float32 0-d tensor).
+    """
+    xf = x.float()
+    if scale is None:
+        s = _safe_scale(xf.abs().amax(), eps)
+    else:
+        s = scale.float().reshape(())
+    q = (xf / s).clamp(-FP8_MAX, FP8_MAX)
+    return q.to(FP8_DTYPE), s
+
+
+def quantize_fp8_per_channel(
+    x: torch.Tensor, *, eps: float = 1e-10
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row fp8 quantization (per output channel of a weight [N, K], per token of an
+    activation [M, K]): scale[r] = max(|x[r]|, eps) / 448; q = clamp(x / scale, +-448).
+
+    Args:
+        x: [R, K] float.
+    Returns:
+        (q float8_e4m3fn [R, K], scale float32 [R, 1]).
+    """
+    xf = x.float()
+    s = _safe_scale(xf.abs().amax(dim=-1, keepdim=True), eps)
+    return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), s
+
+
+def silu_and_mul_quantize_fp8(
+    x: torch.Tensor, group: int = 128, *, eps: float = 1e-10
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = silu(x[:, :I]) * x[:, I:] in float32, then per-token-group fp8 quantization of y
+    (no rounding of y to x's dtype in between): the input a block-fp8 down projection takes.
+
+    Args:
+        x: [M, 2I] float (gate half first, then up half).
+    Returns:
+        (q float8_e4m3fn [M, I], scale float32 [M, ceil(I / group)]).
+    """
+    half = x.shape[-1] // 2
+    gate, up = x[:, :half].float(), x[:, half:].float()
+    return quantize_fp8_per_token_group(torch.nn.functional.silu(gate) * up, group, eps=eps)

@@ -33,15 +33,35 @@ def test_fp8_block_mm_equals_reference(m, n, k, block):
                     ref.fp8_block_mm(a, a_scale, b, b_scale, out_dtype=out_dtype, block=block))
 
 
-def test_quantizers_are_the_reference_helpers():
-    assert gemm.quantize_fp8_per_token_group is ref.quantize_fp8_per_token_group
+def test_quantizers_equal_reference():
+    x = torch.randn(5, 300) * 3
+    assert_same(gemm.quantize_fp8_per_token_group(x, 64), ref.quantize_fp8_per_token_group(x, 64))
+    assert_same(gemm.silu_and_mul_quantize_fp8(x), ref.silu_and_mul_quantize_fp8(x))
+    assert_same(gemm.quantize_fp8_per_channel(x), ref.quantize_fp8_per_channel(x))
+    assert_same(gemm.quantize_fp8_per_tensor(x), ref.quantize_fp8_per_tensor(x))
+    s = torch.tensor([0.02])
+    assert_same(gemm.quantize_fp8_per_tensor(x, s), ref.quantize_fp8_per_tensor(x, s))
     assert gemm.quantize_fp8_block is ref.quantize_fp8_block
+
+
+def test_gemv_residual_equals_reference():
+    a, b, r = torch.randn(3, 40).half(), torch.randn(24, 40).half(), torch.randn(3, 24).half()
+    assert_same(gemm.gemv(a, b, residual=r), ref.gemv(a, b, residual=r))
+    # a backend without the fused epilogue (cpu_stream): fp32 product + residual, one rounding
+    if any(k.backend == "cpu_stream" for k in tskernels.kernels("gemm", "gemv")):
+        a32, b32, r32 = a.float(), b.float(), r.float()
+        got = gemm.gemv(a32, b32, residual=r32, backend="cpu_stream")
+        torch.testing.assert_close(got, ref.gemv(a32, b32, residual=r32), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("op,formats", [
     ("mm", {"a": "bf16", "b": "bf16", "c": "bf16"}),
     ("gemv", {"a": "fp16", "b": "fp16", "c": "fp32"}),
     ("fp8_block_mm", {"a": "fp8_e4m3", "b": "fp8_e4m3", "c": "bf16"}),
+    ("quantize_fp8_per_token_group", {"x": "bf16"}),
+    ("silu_and_mul_quantize_fp8", {"x": "bf16"}),
+    ("quantize_fp8_per_channel", {"x": "fp32"}),
+    ("quantize_fp8_per_tensor", {"x": "fp16"}),
 ])
 def test_reference_selected_on_cpu(op, formats):
     assert_reference_selected("gemm", op, formats=formats)
@@ -75,6 +95,18 @@ BAD = [
      "b_scale: expected a tensor on"),
     (lambda: gemm.fp8_block_mm(QA, SA, QB, SB, block=32, out_dtype=torch.int8), TypeError,
      "out_dtype"),
+    (lambda: gemm.gemv(A, B, residual=torch.randn(4, 7)), ValueError, "residual: expected shape"),
+    (lambda: gemm.gemv(A, B, residual=torch.randn(4, 8).half()), TypeError,
+     "residual: expected dtype"),
+    (lambda: gemm.quantize_fp8_per_token_group(A[0]), ValueError, "x: expected 2 dimensions"),
+    (lambda: gemm.quantize_fp8_per_token_group(A.double()), TypeError, "x: expected dtype"),
+    (lambda: gemm.quantize_fp8_per_token_group(A, 0), ValueError, "group: expected a positive"),
+    (lambda: gemm.quantize_fp8_per_token_group(A, eps=0.0), ValueError, "eps: expected"),
+    (lambda: gemm.silu_and_mul_quantize_fp8(torch.randn(4, 63)), ValueError, "x: expected an even"),
+    (lambda: gemm.quantize_fp8_per_channel(A.int()), TypeError, "x: expected dtype"),
+    (lambda: gemm.quantize_fp8_per_tensor(A, torch.ones(2)), ValueError, "scale: expected one"),
+    (lambda: gemm.quantize_fp8_per_tensor(A, torch.ones(1).half()), TypeError,
+     "scale: expected dtype"),
 ]
 
 

@@ -1,21 +1,27 @@
 """GEMM: c = a @ b.T with weights in the nn.Linear layout b [N, K].
 
-bf16/fp16/fp32 `mm`, decode-shaped `gemv` (M <= 16, split-K kernels), and DeepSeek-V3 style
-block-scaled fp8 `fp8_block_mm` (1 x block activation scales, block x block weight scales),
-with the fp8 quantizers that produce its operands. Accumulation is float32 (float64 for float64
-inputs).
+bf16/fp16/fp32 `mm`, decode-shaped `gemv` (M <= 16, split-K kernels, optional fused residual
+add), and DeepSeek-V3 style block-scaled fp8 `fp8_block_mm` (1 x block activation scales,
+block x block weight scales), with the fp8 (e4m3) quantizers that produce its operands:
+per-token-group (`quantize_fp8_per_token_group`, and `silu_and_mul_quantize_fp8` fused with
+a gated MLP's activation), per-row (`quantize_fp8_per_channel`), per-tensor
+(`quantize_fp8_per_tensor`) and 128 x 128 weight blocks (`quantize_fp8_block`, offline,
+reference only). Accumulation is float32 (float64 for float64 inputs).
 """
 from __future__ import annotations
 
 import torch
 
-from tskernels_ref.gemm import quantize_fp8_block, quantize_fp8_per_token_group
+from tskernels_ref.gemm import quantize_fp8_block
 
 from ... import _check
 from ...registry import fmt, select
 from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
+from . import triton_fp8, triton_gemv, triton_mm  # noqa: F401  (register backends)
 
-__all__ = ["fp8_block_mm", "gemv", "mm", "quantize_fp8_block", "quantize_fp8_per_token_group"]
+__all__ = ["fp8_block_mm", "gemv", "mm", "quantize_fp8_block", "quantize_fp8_per_channel",
+           "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
+           "silu_and_mul_quantize_fp8"]
 
 GEMV_MAX_M = 16
 SCALE_DTYPES = (torch.float32, torch.float64)
@@ -53,17 +59,32 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
 
 
 def gemv(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
-         backend: str | None = None) -> torch.Tensor:
-    """Decode-shaped c = a @ b.T (the kernels split K across programs); same math as `mm`.
+         residual: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+    """Decode-shaped c = a @ b.T (+ residual); the kernels split K across programs.
 
     a: [M, K] with M <= 16, fp32/fp16/bf16. b: [N, K], a's dtype and device.
-    out_dtype: dtype of c (default a.dtype). Returns c [M, N].
+    out_dtype: dtype of c (default a.dtype). residual: optional [M, N] (a's dtype), added to
+    the fp32 product before the one rounding to out_dtype (a fused residual-add epilogue).
+    Returns c [M, N].
+
+    >>> import torch, tskernels
+    >>> tskernels.gemm.gemv(torch.ones(1, 3), torch.ones(2, 3), residual=torch.ones(1, 2))
+    tensor([[4., 4.]])
     """
     prob = _operands(a, b, out_dtype)
     if a.shape[0] > GEMV_MAX_M:
         raise ValueError(f"a: gemv takes at most {GEMV_MAX_M} rows, got {a.shape[0]} "
                          "(use gemm.mm)")
-    return select("gemm", "gemv", backend=backend, **prob)(a, b, out_dtype=out_dtype)
+    if residual is None:
+        return select("gemm", "gemv", backend=backend, **prob)(a, b, out_dtype=out_dtype)
+    _check.tensor("residual", residual, dtypes=(a.dtype,), shape=(a.shape[0], b.shape[0]),
+                  device=a.device)
+    kern = select("gemm", "gemv", backend=backend, traits={"residual": True}, **prob)
+    if "residual" in kern.traits:
+        return kern(a, b, out_dtype=out_dtype, residual=residual)
+    # a backend without the fused epilogue: its fp32 product plus the residual, rounded once
+    c = kern(a, b, out_dtype=torch.float64 if a.dtype == torch.float64 else torch.float32)
+    return (c + residual.to(c.dtype)).to(out_dtype or a.dtype)
 
 
 def fp8_block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -94,3 +115,86 @@ def fp8_block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
                   formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(out_dtype)},
                   traits={"block": block}, backend=backend)
     return kern(a, a_scale, b, b_scale, out_dtype=out_dtype, block=block)
+
+
+def _quant_input(x: torch.Tensor, name: str = "x") -> None:
+    _check.tensor(name, x, ndim=2, dtypes=_check.FLOAT)
+
+
+def _eps(eps: float) -> None:
+    if not (isinstance(eps, (int, float)) and eps > 0):
+        raise ValueError(f"eps: expected a positive float, got {eps!r}")
+
+
+def _group(group: int) -> None:
+    if not (isinstance(group, int) and group > 0):
+        raise ValueError(f"group: expected a positive int, got {group!r}")
+
+
+def quantize_fp8_per_token_group(x: torch.Tensor, group: int = 128, *, eps: float = 1e-10,
+                                 backend: str | None = None
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token-group fp8 e4m3 quantization (the activations of `fp8_block_mm`).
+
+    scale[m, g] = max(|x[m, g*group:(g+1)*group]|, eps) / 448; q = clamp(x / scale, +-448).
+    x: [M, K] fp32/fp16/bf16. Returns (q float8_e4m3fn [M, K], scale float32
+    [M, ceil(K / group)]). The Triton kernel takes power-of-two groups of 16..4096.
+    """
+    _quant_input(x)
+    _group(group)
+    _eps(eps)
+    kern = select("gemm", "quantize_fp8_per_token_group", device=x.device,
+                  formats={"x": fmt(x.dtype)}, traits={"group": group}, backend=backend)
+    return kern(x, group, eps=eps)
+
+
+def silu_and_mul_quantize_fp8(x: torch.Tensor, group: int = 128, *, eps: float = 1e-10,
+                              backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = silu(x[:, :I]) * x[:, I:] (fp32, not rounded), then per-token-group fp8 quantization
+    of y: what a block-fp8 gated MLP / MoE feeds its down projection.
+
+    x: [M, 2I] fp32/fp16/bf16 (gate half first). Returns (q float8_e4m3fn [M, I], scale float32
+    [M, ceil(I / group)]).
+    """
+    _quant_input(x)
+    if x.shape[1] % 2:
+        raise ValueError(f"x: expected an even last dimension (gate and up halves), got "
+                         f"{tuple(x.shape)}")
+    _group(group)
+    _eps(eps)
+    kern = select("gemm", "silu_and_mul_quantize_fp8", device=x.device,
+                  formats={"x": fmt(x.dtype)}, traits={"group": group}, backend=backend)
+    return kern(x, group, eps=eps)
+
+
+def quantize_fp8_per_channel(x: torch.Tensor, *, eps: float = 1e-10,
+                             backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fp8 scale per row: per output channel of a weight [N, K], per token of an
+    activation [M, K]. scale[r] = max(|x[r]|, eps) / 448.
+
+    x: [R, K] fp32/fp16/bf16. Returns (q float8_e4m3fn [R, K], scale float32 [R, 1]).
+    """
+    _quant_input(x)
+    _eps(eps)
+    kern = select("gemm", "quantize_fp8_per_channel", device=x.device,
+                  formats={"x": fmt(x.dtype)}, backend=backend)
+    return kern(x, eps=eps)
+
+
+def quantize_fp8_per_tensor(x: torch.Tensor, scale: torch.Tensor | None = None, *,
+                            eps: float = 1e-10, backend: str | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fp8 scale for the whole tensor: dynamic (scale None: max(|x|, eps) / 448, computed
+    on the device, no host sync) or static (scale: a 1-element float32 tensor on x's device).
+
+    x: [R, K] fp32/fp16/bf16. Returns (q float8_e4m3fn [R, K], scale float32 0-d tensor).
+    """
+    _quant_input(x)
+    _eps(eps)
+    if scale is not None:
+        _check.tensor("scale", scale, dtypes=(torch.float32,), device=x.device)
+        if scale.numel() != 1:
+            raise ValueError(f"scale: expected one element, got shape {tuple(scale.shape)}")
+    kern = select("gemm", "quantize_fp8_per_tensor", device=x.device,
+                  formats={"x": fmt(x.dtype)}, backend=backend)
+    return kern(x, scale, eps=eps)

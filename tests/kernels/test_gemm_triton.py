@@ -1,0 +1,145 @@
+"""Triton gemm kernels (mm, gemv, fp8_block_mm) vs the float64 reference: the interpreter on
+CPU (fp16: bf16 is garbage there), the real GPU with -m gpu (fp16 and bf16, larger shapes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tskernels
+import tskernels_ref.gemm as ref
+from tskernels.numerics import assert_close
+from tskernels.ops.gemm import triton_gemv, triton_mm
+
+ON_GPU = torch.cuda.is_available()
+DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]
+# interpreter problems stay small (it runs every program in Python); the GPU sees real tiles
+MAX_MN = 300 if ON_GPU else 90
+MAX_K = 1200 if ON_GPU else 300
+
+
+def _operands(m, n, k, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(device, dtype)
+    b = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
+    return a, b
+
+
+def _workspace_clean(device) -> None:
+    ws, cnt = triton_gemv._workspace(torch.device(device))
+    assert int(cnt.abs().sum()) == 0 and float(ws.abs().sum()) == 0.0
+
+
+@settings(max_examples=12 if not ON_GPU else 40, deadline=None)
+@given(m=st.integers(1, MAX_MN), n=st.integers(1, MAX_MN), k=st.integers(1, MAX_K),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
+def test_mm_triton(kernel_device, m, n, k, dtype, seed):
+    a, b = _operands(m, n, k, dtype, kernel_device, seed)
+    c = tskernels.gemm.mm(a, b, backend="triton")
+    assert c.dtype == dtype and c.shape == (m, n)
+    assert_close(c, ref.mm(a.double(), b.double()), baseline=ref.mm(a, b), name="mm")
+
+
+@pytest.mark.parametrize("m,n,k", [(70, 104, 96), (33, 64, 64), (129, 40, 200)])
+@pytest.mark.parametrize("tma", [False, True])
+def test_mm_persistent_both_load_paths(kernel_device, m, n, k, tma):
+    """Descriptor (TMA) and pointer loads, forced, with a small config so several tiles and
+    grouped rows are walked by each persistent program (TMA needs 16-byte row strides)."""
+    if tma and (n * 2) % 16:
+        pytest.skip("n * 2 bytes is not a 16-byte row stride (TMA's requirement)")
+    a, b = _operands(m, n, k, torch.float16, kernel_device, m + n + k)
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=kernel_device)
+    if tma and kernel_device == "cuda":
+        triton_mm._ensure_allocator()
+    cfg = dict(BM=32, BN=32, BK=32, GROUP_M=2, num_stages=2, num_warps=4) \
+        if kernel_device == "cpu" else None
+    triton_mm.persistent_mm(a, b, out, config=cfg, tma=tma)
+    assert_close(out, ref.mm(a.double(), b.double()), baseline=ref.mm(a, b), name="mm")
+
+
+@settings(max_examples=12 if not ON_GPU else 40, deadline=None)
+@given(m=st.integers(1, 16), n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K),
+       dtype=st.sampled_from(DTYPES), residual=st.booleans(),
+       out_dtype=st.sampled_from([None, torch.float32]), seed=st.integers(0, 2**31 - 1))
+def test_gemv_triton(kernel_device, m, n, k, dtype, residual, out_dtype, seed):
+    a, b = _operands(m, n, k, dtype, kernel_device, seed)
+    r = torch.randn(m, n, device=kernel_device).to(dtype) if residual else None
+    c = tskernels.gemm.gemv(a, b, out_dtype=out_dtype, residual=r, backend="triton")
+    want = ref.gemv(a.double(), b.double(), residual=None if r is None else r.double())
+    assert_close(c, want, baseline=ref.gemv(a, b, out_dtype=out_dtype, residual=r),
+                 name="gemv")
+    _workspace_clean(kernel_device)
+
+
+def test_gemv_split_k_paths(kernel_device):
+    """Shapes whose few N tiles make the plan split K (fp32 atomics + last-arrival epilogue),
+    repeated so a second call finds the workspace and counters zeroed."""
+    m, n, k = 7, 64, 2048
+    _, split, _ = triton_gemv.plan(m, n, k, False, torch.device(kernel_device))
+    assert split > 1
+    a, b = _operands(m, n, k, torch.float16, kernel_device, 3)
+    r = torch.randn(m, n, device=kernel_device).half()
+    for _ in range(2):
+        c = tskernels.gemm.gemv(a, b, residual=r, backend="triton")
+        assert_close(c, ref.gemv(a.double(), b.double(), residual=r.double()),
+                     baseline=ref.gemv(a, b, residual=r), name="gemv split")
+        _workspace_clean(kernel_device)
+
+
+def test_gemv_non_contiguous_operands(kernel_device):
+    a, b = _operands(4, 96, 160, torch.float16, kernel_device, 5)
+    at = a.t().contiguous().t()  # column-major view: the backend makes K unit-stride
+    c = tskernels.gemm.gemv(at, b[::2], backend="triton")
+    assert_close(c, ref.mm(a.double(), b[::2].double()), baseline=ref.mm(a, b[::2]))
+
+
+@settings(max_examples=10 if not ON_GPU else 30, deadline=None)
+@given(m=st.sampled_from([1, 3, 16, 17, 40, 64, 65, 130] if ON_GPU else [1, 3, 17, 64, 65]),
+       n=st.integers(1, 3 * 128 if ON_GPU else 200), k=st.integers(1, 1200 if ON_GPU else 300),
+       out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+def test_fp8_block_mm_triton(kernel_device, m, n, k, out_dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(kernel_device)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(kernel_device)
+    qa, sa = ref.quantize_fp8_per_token_group(x)
+    qb, sb = ref.quantize_fp8_block(w)
+    c = tskernels.gemm.fp8_block_mm(qa, sa, qb, sb, out_dtype=out_dtype, backend="triton")
+    want = ref.fp8_block_mm(qa, sa.double(), qb, sb.double(), out_dtype=torch.float64)
+    # the fp8 operands are exact, so the bound is the output dtype's (fp32 sums of fp8 products)
+    assert_close(c, want, dtype=out_dtype, baseline=ref.fp8_block_mm(qa, sa, qb, sb,
+                                                                      out_dtype=out_dtype))
+    _workspace_clean(kernel_device)
+
+
+def test_fp8_block_mm_rejects_other_blocks(kernel_device):
+    qa, sa = ref.quantize_fp8_per_token_group(torch.randn(2, 64, device=kernel_device), 64)
+    qb, sb = ref.quantize_fp8_block(torch.randn(64, 64, device=kernel_device), 64)
+    with pytest.raises(tskernels.SelectionError, match="trait block=64"):
+        tskernels.gemm.fp8_block_mm(qa, sa, qb, sb, block=64, backend="triton")
+
+
+@pytest.mark.gpu
+def test_gemv_and_fp8_split_under_cuda_graph_replay():
+    """The split-K launches captured once and replayed: no host sync, workspace re-zeroed by
+    the kernels themselves between replays."""
+    dev = "cuda"
+    a, b = _operands(1, 1024, 4096, torch.bfloat16, dev, 11)
+    r = torch.randn(1, 1024, device=dev).bfloat16()
+    qa, sa = ref.quantize_fp8_per_token_group(torch.randn(8, 2048, device=dev))
+    qb, sb = ref.quantize_fp8_block(torch.randn(2112, 2048, device=dev) * 0.05)
+    gemv = lambda: tskernels.gemm.gemv(a, b, residual=r, backend="triton")  # noqa: E731
+    fp8 = lambda: tskernels.gemm.fp8_block_mm(qa, sa, qb, sb, backend="triton")  # noqa: E731
+    c1, c2 = gemv(), fp8()  # compile + workspace outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g1, g2 = gemv(), fp8()
+    for _ in range(3):
+        g1.fill_(float("nan"))
+        g2.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(g1, c1.float(), dtype=torch.bfloat16, name="gemv replay")
+        assert_close(g2, c2.float(), dtype=torch.bfloat16, name="fp8 replay")
+    _workspace_clean(dev)

@@ -1,0 +1,237 @@
+"""Weight-streaming GEMM for decode rows (M <= 64): bf16/fp16 `gemv` and the small-M path of
+block-fp8 `fp8_block_mm`.
+
+A decode GEMM reads every weight byte once and does a few FLOPs per byte, so what matters is
+keeping enough weight bytes in flight on every SM. The kernel computes the transposed product
+c.T [BN, MP] = w_tile [BN, BK] @ x_tile.T [BK, MP] so the weight tile is the MMA's M side
+(64 rows: one wgmma on Hopper) and the few activation rows (padded to MP = 16/32/64) are its
+N side; the weight tiles stream through a cp.async / TMA-style software pipeline.
+
+When N alone gives too few programs (a 4096-row projection is 64 tiles of 64 rows on 132
+SMs) the K range is split over a second grid axis. The partial sums are added with fp32
+atomics into a per-device workspace; the program that arrives last at a tile (a per-tile
+arrival counter) reads the sum, applies the epilogue (optional residual add, dtype cast),
+writes c and zeroes its slice of the workspace and its counter, so the next call finds them
+clean. One kernel launch, no host sync, graph-capturable. Because the fp32 partials are
+added in arrival order, split launches are not bitwise deterministic run to run (the splits
+round identically; only the order of a handful of fp32 adds varies).
+
+The workspace is shared by every call on a device: calls that run *concurrently* on two
+streams of one device must not both split (the engines we serve run one stream per device).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...compile import CompileCase
+
+MAX_M = 64
+# fp32 workspace elements and arrival counters kept per device (16 MiB / 256 KiB)
+WS_ELEMS = 1 << 22
+CNT_ELEMS = 1 << 16
+
+
+@triton.jit
+def _stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr,
+                   M, N, K, stride_w, stride_x, stride_c, stride_r, stride_as, stride_bs,
+                   K_SPLIT,
+                   BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr,
+                   SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RES: tl.constexpr,
+                   EVEN_K: tl.constexpr):
+    """c[:M, n-tile] = x[:M] @ w[n-tile].T (+ r), over K range [pid_k * K_SPLIT, +K_SPLIT).
+
+    w [N, K], x [M, K] (row-major in K). FP8: w, x float8 e4m3 with scales
+    bs[n // BLOCK, k // BLOCK], as[m, k // BLOCK] (BK == BLOCK, BN divides BLOCK).
+    SPLIT: K is split over program_id(1); partials meet in ws (fp32 [M, N]) and cnt.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_m = tl.arange(0, MP)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    k0 = pid_k * K_SPLIT
+    k1 = tl.minimum(K, k0 + K_SPLIT)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
+    x_rows = x_ptr + offs_m[:, None] * stride_x
+    acc = tl.zeros((BN, MP), dtype=tl.float32)
+    for k in range(k0, k1, BK):
+        offs_k = k + tl.arange(0, BK)
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0,
+                        eviction_policy="evict_last")
+        else:
+            k_mask = offs_k < K
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                        other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                        other=0.0, eviction_policy="evict_last")
+        if FP8:
+            kb = k // BLOCK
+            b_s = tl.load(bs_ptr + ((pid_n * BN) // BLOCK) * stride_bs + kb)
+            a_s = tl.load(as_ptr + offs_m * stride_as + kb, mask=m_mask, other=0.0)
+            acc += tl.dot(w, tl.trans(x)) * (a_s * b_s)[None, :]
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    mask2 = n_mask[:, None] & m_mask[None, :]
+    if SPLIT:
+        tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.atomic_add(tile, acc, mask=mask2, sem="relaxed")
+        # every thread's adds happen-before the counter's release (CTA barrier, then one
+        # acq_rel atomic at GPU scope); the last arrival acquires all of them
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == tl.num_programs(1) - 1:
+            acc = tl.load(tile, mask=mask2, other=0.0, cache_modifier=".cg")
+            tl.store(tile, tl.zeros((BN, MP), dtype=tl.float32), mask=mask2)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+            _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, HAS_RES)
+    else:
+        _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, HAS_RES)
+
+
+@triton.jit
+def _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r,
+              HAS_RES: tl.constexpr):
+    if HAS_RES:
+        r = tl.load(r_ptr + offs_m[None, :] * stride_r + offs_n[:, None], mask=mask2, other=0.0)
+        acc += r.to(tl.float32)
+    tl.store(c_ptr + offs_m[None, :] * stride_c + offs_n[:, None],
+             acc.to(c_ptr.dtype.element_ty), mask=mask2)
+
+
+# ---- launch plan ---------------------------------------------------------------------------
+# (BN, BK, num_stages, num_warps) per (operand kind, padded M): the streaming configs. They
+# are a table so the autotuner can adopt them as its defaults (autotune.space keys).
+STREAM_CONFIGS = {
+    ("16bit", 16): dict(BN=64, BK=128, num_stages=4, num_warps=4),
+    ("fp8", 16): dict(BN=64, BK=128, num_stages=4, num_warps=4),
+    ("fp8", 32): dict(BN=64, BK=128, num_stages=4, num_warps=4),
+    ("fp8", 64): dict(BN=64, BK=128, num_stages=3, num_warps=4),
+}
+# programs per SM the split aims for (enough resident tiles to keep the DRAM queues full)
+TARGET_PROGRAMS_PER_SM = 4
+
+_ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_sms: dict[torch.device, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few programs, so tests still exercise the split path
+    n = _sms.get(device)
+    if n is None:
+        n = _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace, int32 counters) of the device, zeroed once; the kernel re-zeroes what
+    it used. Allocated on first use (before any graph capture that uses it, as the serving
+    warm-up does)."""
+    ws = _ws.get(device)
+    if ws is None:
+        ws = _ws[device] = (torch.zeros(WS_ELEMS, dtype=torch.float32, device=device),
+                            torch.zeros(CNT_ELEMS, dtype=torch.int32, device=device))
+    return ws
+
+
+def mpad(m: int) -> int:
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def plan(m: int, n: int, k: int, fp8: bool, device: torch.device, config: dict | None = None):
+    """(config, split, k_split): the tile config and how many K splits (k_split elements each,
+    a multiple of BK) give about TARGET_PROGRAMS_PER_SM programs per SM."""
+    mp = mpad(m)
+    cfg = dict(config or STREAM_CONFIGS[("fp8" if fp8 else "16bit", mp)])
+    tiles = triton.cdiv(n, cfg["BN"])
+    kblocks = triton.cdiv(k, cfg["BK"])
+    want = max(1, round(TARGET_PROGRAMS_PER_SM * _num_sms(device) / tiles))
+    split = min(want, kblocks)
+    if split > 1 and (m * n > WS_ELEMS or tiles > CNT_ELEMS):
+        split = 1
+    per = triton.cdiv(kblocks, split)
+    split = triton.cdiv(kblocks, per)  # no empty splits
+    return cfg, split, per * cfg["BK"]
+
+
+def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+              residual: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
+              w_scale: torch.Tensor | None = None, block: int = 128,
+              config: dict | None = None) -> torch.Tensor:
+    """out[:M] = x @ w.T (+ residual) for M <= MAX_M. x [M, K], w [N, K] with unit K stride;
+    out / residual [M, N] with unit N stride. fp8 when x_scale / w_scale are given."""
+    m, k = x.shape
+    n = w.shape[0]
+    fp8 = x_scale is not None
+    cfg, split, k_split = plan(m, n, k, fp8, x.device, config)
+    if fp8 and (cfg["BK"] != block or block % cfg["BN"]):
+        raise ValueError(f"block: the fp8 streaming kernel needs block == BK ({cfg['BK']}) "
+                         f"and a multiple of BN ({cfg['BN']}), got {block}")
+    ws, cnt = _workspace(x.device) if split > 1 else (out, out)
+    dummy = out
+    r = residual if residual is not None else dummy
+    a_s = x_scale if fp8 else dummy
+    b_s = w_scale if fp8 else dummy
+    grid = (triton.cdiv(n, cfg["BN"]), split)
+    _stream_kernel[grid](
+        w, x, out, r, ws, cnt, a_s, b_s, m, n, k, w.stride(0), x.stride(0), out.stride(0),
+        r.stride(0), a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, k_split,
+        BN=cfg["BN"], BK=cfg["BK"], MP=mpad(m), BLOCK=block, SPLIT=split > 1, FP8=fp8,
+        HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0,
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+    return out
+
+
+def compile_cases(fp8: bool) -> list[CompileCase]:
+    """The streaming kernel as launched: 16-bit (M=1..16) or fp8 (M up to 64), split or not."""
+    wt = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"w_ptr": wt, "x_ptr": wt, "c_ptr": "*bf16", "r_ptr": "*bf16", "ws_ptr": "*fp32",
+           "cnt_ptr": "*i32", "as_ptr": "*fp32", "bs_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "stride_w": "i32", "stride_x": "i32", "stride_c": "i32",
+           "stride_r": "i32", "stride_as": "i32", "stride_bs": "i32", "K_SPLIT": "i32"}
+    aligned = ("N", "K", "stride_w", "stride_x", "stride_c", "stride_r", "K_SPLIT")
+    cases = []
+    for mp, split, res in ([(16, True, False), (64, False, False)] if fp8 else
+                           [(16, False, True), (16, True, True)]):
+        cfg = STREAM_CONFIGS[("fp8" if fp8 else "16bit", mp)]
+        cases.append(CompileCase(
+            _stream_kernel, sig, dict(BN=cfg["BN"], BK=cfg["BK"], MP=mp, BLOCK=128,
+                                      SPLIT=split, FP8=fp8, HAS_RES=res, EVEN_K=True),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], uses_dot=True,
+            aligned=aligned, label=f"{'fp8' if fp8 else 'bf16'} M<={mp}"
+                                   f"{' split' if split else ''}{' +res' if res else ''}"))
+    return cases
+
+
+# ---- registration ----------------------------------------------------------------------------
+def _gemv(a, b, *, out_dtype=None, residual=None):
+    """Triton weight-streaming GEMM for M <= 16 (split-K over many CTAs, fused residual add)."""
+    out = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype or a.dtype, device=a.device)
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return out
+    if a.shape[1] == 0:
+        return out.zero_() if residual is None else out.copy_(residual)
+    return stream_mm(_k_major(a), _k_major(b), out, residual=residual)
+
+
+def _k_major(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _register() -> None:
+    from ...registry import register
+    from .._common import TRITON
+
+    fmts = {"a": ("fp16", "bf16"), "b": ("fp16", "bf16"), "c": ("fp16", "bf16", "fp32")}
+    register("gemm", "gemv", **{**TRITON, "band": "performant"}, formats=fmts,
+             traits={"residual": (False, True)},
+             compile_cases=lambda: compile_cases(False))(_gemv)
+
+
+_register()
