@@ -113,7 +113,35 @@ class HttpGuard:
                                          f"is {self.limits.max_body_bytes}",
                                          "invalid_request_error", "request_too_large",
                                          headers=[(b"connection", b"close")])
+            return await self.app(scope, *self._bounded(receive, send))
         return await self.app(scope, receive, send)
+
+    def _bounded(self, receive, send):
+        """receive / send for a route that reads the body itself (request.body()): past the
+        limit the client gets a 413 and the route sees a disconnect; its own response, if any,
+        is dropped. So no route can buffer more than max_body_bytes (chunked bodies too)."""
+        limit, state = self.limits.max_body_bytes, {"size": 0, "rejected": False,
+                                                    "started": False}
+
+        async def guarded_receive():
+            msg = await receive()
+            if msg["type"] == "http.request" and not state["rejected"]:
+                state["size"] += len(msg.get("body", b""))
+                if state["size"] > limit:
+                    state["rejected"] = True
+                    if not state["started"]:
+                        await _reject(send, 413, f"the request body exceeds {limit} bytes",
+                                      "invalid_request_error", "request_too_large",
+                                      headers=[(b"connection", b"close")])
+            return {"type": "http.disconnect"} if state["rejected"] else msg
+
+        async def guarded_send(msg):
+            if state["rejected"]:
+                return
+            state["started"] = True
+            await send(msg)
+
+        return guarded_receive, guarded_send
 
 
 async def read_body(request: Request, limits: HttpLimits) -> bytes:
