@@ -22,6 +22,7 @@ import torch
 import triton
 
 from ...platform import platform_of
+from .. import cuda_driver
 from ...plan import PlanBase
 from ...registry import Capability, register
 from ..shared.split_kv import choose_splits, merge_kernel, merge_warps
@@ -54,7 +55,7 @@ def min_blocks(num_warps: int, num_stages: int) -> int:
 
 
 def nvcc_options(num_warps: int, num_stages: int) -> tuple[str, ...]:
-    return ("-std=c++17", f"-DNW={num_warps}", f"-DSTAGES={num_stages}",
+    return ("-std=c++17", cuda_driver.INCLUDE, f"-DNW={num_warps}", f"-DSTAGES={num_stages}",
             f"-DMINB={min_blocks(num_warps, num_stages)}")
 
 

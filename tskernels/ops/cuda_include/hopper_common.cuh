@@ -5,15 +5,7 @@
 // inlined: the kernels' PTX is what it was when these helpers were written in each of them.
 #pragma once
 
-#define NEG_INF __int_as_float(0xff800000u)
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned long long u64;
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
+#include "cuda_common.cuh"  // u32 / u16 / u64, NEG_INF, smem_addr, quad_max / quad_sum
 
 // 16-byte chunk `ch` (0..7) of row `r` of a 128-byte-row tile, 128-byte swizzle (Swizzle<3,4,3>)
 __device__ __forceinline__ u32 swz(u32 base, int r, int ch) {
@@ -88,14 +80,6 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     u32 d;
     asm(CVT_PACK " %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
     return d;
-}
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"

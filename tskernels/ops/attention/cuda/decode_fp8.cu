@@ -36,16 +36,12 @@
 #define TK (32 * NW)           // keys per tile
 #define WARP_STAGE (2 * 32 * HD)  // one warp's K + V rows of one stage
 
-#define NEG_INF __int_as_float(0xff800000u)
+#include "cuda_common.cuh"  // u32 / u16, NEG_INF, smem_addr, quad_max / quad_sum
 
-typedef unsigned int u32;
-typedef unsigned short u16;
 typedef unsigned char u8;
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
+// (these cp.async wrappers carry no "memory" clobber, unlike hopper_common.cuh's: kept as the
+// kernel was measured; a clobber constrains how the compiler may schedule around them)
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int nbytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(dst), "l"(src), "r"(nbytes));
@@ -123,14 +119,6 @@ __device__ __forceinline__ u16 store_q(float x, int bf16) {
     return v;
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 #ifdef TIMING
 // Diagnostics build only (-DTIMING=max CTAs): per CTA, globaltimer stamps at entry, when warp 0's
