@@ -30,7 +30,7 @@ from ..shared.split_kv import choose_splits, merge_kernel, merge_warps
 SOURCE = Path(__file__).with_name("cuda") / "decode_fp8.cu"
 HEAD_DIM = 128
 MAX_GROUP = 8
-# Launch configs (warps, stages) from the H200 sweeps (results/h200/attention_decode_cuda_*.json):
+# Launch configs (warps, stages) from the H200 sweeps (benchmarks/RESULTS.md, CUDA fp8 decode):
 # 4 warps x 2 stages (64 KB, 3 CTAs per SM) leads at most shapes; when the grid overflows its
 # one wave but fits the 4-CTAs-per-SM wave of 2 warps x 3 stages (48 KB), that one is taken
 # (B=64 L=4k: 147.7 vs 164.2 us).
@@ -227,7 +227,7 @@ TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "page_size": lambda p: 1 <= p <= 
 
 # Auto-selected from 64 (request, KV head) pairs up: at B=1 (8 pairs) the Triton fp8 kernel is
 # ahead (10.1 vs 13.1 us at L=4k; the CTA's fixed costs dominate 128-key splits), at B=16 (128
-# pairs) this one (46.2 vs 55.2 us; results/h200/attention_decode_cuda_small_s5e.json). The
+# pairs) this one (46.2 vs 55.2 us; benchmarks/RESULTS.md, CUDA fp8 decode). The
 # threshold between is not measured. Named (backend="cuda"), it runs any batch.
 PREFER = {"kv_programs": lambda n: n >= 64}
 

@@ -34,8 +34,8 @@ BLOCK_M = 128          # query rows per CTA (BM in the source)
 THREADS = 384          # producer + two consumer warpgroups
 BLOCK_N = 128          # keys per tile
 STAGES = 3             # K/V ring depth (226 KB of shared memory at BLOCK_N = 128; H200,
-                       # 4k / 16k prefill: 252.5 / 3843 us vs 285.2 / 4462 with 2 stages,
-                       # results/h200/attention_extend_cuda_s6f.json)
+                       # 4k / 16k prefill: 252.5 / 3843 us vs 285.2 / 4462 with 2 stages;
+                       # benchmarks/RESULTS.md, "attention.extend")
 LOG2E = 1.4426950408889634
 
 
@@ -269,7 +269,7 @@ PAGED_TRAITS = {"head_dim": lambda d: d == HEAD_DIM, "softcap": lambda x: not x,
 
 
 # The same kernel reading every key from the paged cache (-DPAGED): chunked prefill over a
-# cached prefix, the agentic turn's shape (run-verified on sm_90 since session 7; the contiguous
+# cached prefix, the agentic turn's shape (run-verified on sm_90; the contiguous
 # kernel above ranks first where both apply: it is faster without a prefix).
 register("attention", "extend", backend="cuda_paged", traits=PAGED_TRAITS, **REGISTRATION,
          plan=make_paged_plan,

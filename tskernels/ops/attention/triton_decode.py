@@ -15,7 +15,7 @@ page is read from memory once per KV head. Two forms of the tile dots:
     precision), so the fp8 keys feed e4m3 dots straight from shared memory, never converted;
     V is converted to fp16 for the second dot (an e4m3 dot would need V^T keys-contiguous).
     H200: 1.31x the bf16 kernel's tokens/s at B=128, L=8k, against 1.0x when both K and V
-    were converted (results/h200/attention_decode_modes_*_s4*.json).
+    were converted (benchmarks/RESULTS.md, "attention.decode": kernel forms).
 Key positions are mapped to (page, slot) per token, so any page size works and a block of keys
 may straddle pages; each tile's page ids are loaded one tile ahead.
 
@@ -147,9 +147,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
             pt = tl.exp2(st - m_new[None, :])
             l_i = l_i * alpha + tl.sum(pt, 0)
             # V stays a 16-bit operand: an e4m3 dot would need V^T K-major (keys contiguous),
-            # a byte-wise transpose in shared memory that measured 2x slower
-            # (results/h200/attention_decode_modes_s4a.json, "q_fp8+pv_fp8"); V pages stored
-            # slots-innermost were slower still in Triton 3.6 (..._vkm_prototype_s4j.json)
+            # a byte-wise transpose in shared memory that measured 2x slower on the H200
+            # ("q_fp8+pv_fp8"); V pages stored slots-innermost were slower still in Triton 3.6
+            # (benchmarks/RESULTS.md, "attention.decode": kernel forms)
             if FP8_ASM:
                 acc_t = tl.dot(tl.trans(fp8_to_f16(v)), pt.to(q.dtype), acc_t * alpha[None, :])
             else:
@@ -214,8 +214,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
 
 def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) when no tuned entry matches: 2 stages (one K/V tile in
-    flight while one is consumed). H200 (results/h200/attention_decode_modes_ptp_s4c.json):
-    with the page ids prefetched a tile ahead the K/V loads pipeline, and a third stage costs
+    flight while one is consumed). H200 (benchmarks/RESULTS.md, "attention.decode"): with
+    the page ids prefetched a tile ahead the K/V loads pipeline, and a third stage costs
     a 32 KB buffer (bf16, 64 keys) that drops residency from 5 to 3 programs per SM: 2 stages
     lead at every large shape (B=64 L=4k 250 vs 291 µs). 16-bit caches: ~32 KB of K+V per
     stage; fp8 caches (keys on the M side): 64-key tiles, one wgmma M block."""
@@ -288,7 +288,7 @@ class DecodePlan(PlanBase):
         # Kernel form: "keys_m" puts the keys on the tensor-core M side (s^T = K q^T), which
         # an fp8 cache needs so K feeds e4m3 dots unconverted (q split hi + lo); 16-bit caches
         # keep the query heads on M (mma.sync over 16 rows), 4-34 % faster for them (H200,
-        # results/h200/attention_decode_modes_s4a.json).
+        # benchmarks/RESULTS.md, "attention.decode": kernel forms).
         # (e4m3 dots need K >= 32: head dims <= 16 keep the converting form)
         self.keys_m = bool(tuned.get("keys_m", kv_dtype == torch.float8_e4m3fn
                                      and self.block_d >= 32))
@@ -302,11 +302,11 @@ class DecodePlan(PlanBase):
         n = self.batch * num_q_heads * self.num_splits
         # split-KV partials merged by the last split program of each (request, KV head)
         # (counted on a per-plan semaphore) instead of a second launch, only when the splits
-        # are very few. H200, graph replay (results/h200/attention_decode_merge_policy.json):
-        # equal at 2 splits (B=16: 85.6 vs 86.2 µs), behind at 4-32 (B=16 4 splits 75.2 vs
+        # are very few. H200, graph replay (benchmarks/RESULTS.md, "attention.decode": merge
+        # policy): equal at 2 splits (B=16: 85.6 vs 86.2 µs), behind at 4-32 (B=16 4 splits 75.2 vs
         # 71.3, B=1 32 splits 17.9 vs 15.4): the merging program is a serial tail that costs
         # more than the launch it saves; eagerly it saves a ~30 µs launch (B=16 4 splits:
-        # 70.8 vs 87.4 µs, attention_decode*_session3.json). Not chosen per call (eager vs
+        # 70.8 vs 87.4 µs). Not chosen per call (eager vs
         # capturing): a graph capture would then JIT-compile the other variant mid-capture.
         self.fused_merge = self.num_splits <= FUSED_MERGE_MAX_SPLITS
         if self.num_splits > 1:

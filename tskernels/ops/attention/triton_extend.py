@@ -219,7 +219,7 @@ def _launch_config(head_dim: int, q_dtype: torch.dtype, on_gpu: bool, *,
     if head_dim <= 64:
         return 128, 64, 4, 3
     if head_dim <= 128:
-        # H200 sweeps (benchmarks/results/h200/attention_extend_sweep*.json): 128 x 128 tiles,
+        # H200 sweeps (benchmarks/RESULTS.md, "attention.extend"): 128 x 128 tiles,
         # 8 warps, 3 stages lead at 16k-token prefill and over a 16k prefix; at 4k-token
         # prefill (2k keys per query block on average) 64 x 64 tiles with 4 warps do better
         # (404 vs 364 TFLOP/s with the new tokens' K/V read contiguously)
@@ -267,8 +267,8 @@ class ExtendPlan(PlanBase):
         work = [(b, i) for b, c in enumerate(counts) for i in range(triton.cdiv(c, self.block_m))]
         # Longest work first (later query blocks of long requests see the most keys); the
         # grid walks heads fastest, so this order holds across heads: H200, 4k prefill 438 vs
-        # 409 TFLOP/s with a grid that ran each head's list in turn
-        # (results/h200/attention_extend_heads_fast_s4c.json).
+        # 409 TFLOP/s with a grid that ran each head's list in turn (benchmarks/RESULTS.md,
+        # "attention.extend").
         work.sort(key=lambda bi: -(lens[bi[0]] - counts[bi[0]] + (bi[1] + 1) * self.block_m))
         self.num_blocks = len(work)
         self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32,

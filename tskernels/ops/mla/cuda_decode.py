@@ -64,8 +64,8 @@ def nvcc_options(fp16: bool, extra: tuple[str, ...] = (), fp8: bool = False) -> 
 def default_splits(batch: int, num_heads: int, max_seq_len: int, sms: int) -> int:
     """One CTA per SM (the ring takes ~225 KB of shared memory): split each request's tiles so
     that batch x head blocks x splits fills one wave, at least two tiles per split, at most
-    MAX_AUTO_SPLITS; a batch that fills the GPU alone is not split. (H200,
-    results/h200/mla_decode_cuda_splits_s8i.json: 16 heads B=1 L=32k 17.9 us at 128 splits vs
+    MAX_AUTO_SPLITS; a batch that fills the GPU alone is not split. (H200, benchmarks/RESULTS.md,
+    "mla.decode": 16 heads B=1 L=32k 17.9 us at 128 splits vs
     24.9 at 64; a second wave costs more than it spreads, e.g. 128 heads B=1 L=32k 35.0 us at
     64 splits = 128 CTAs vs 48.8 at 96.)"""
     ctas = max(1, batch * -(-num_heads // HEADS_PER_CTA))
@@ -196,10 +196,9 @@ TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
           "page_size": lambda p: p in PAGE_SIZES,
           "num_heads": lambda h: 1 <= h <= MAX_HEADS,
           "cache_like_q": lambda same: same}  # a 16-bit cache of q's dtype, or fp8
-# auto-selected where it was measured faster than the Triton kernel (H200, session 7,
-# results/h200/mla_decode_cuda_s7{d,j}.json: 16, 32, 64 and 128 heads at every shape, B 1-128,
-# L 4k-32k; fp8 latents in session 8, mla_decode_cuda_fp8_s8d.json: 16 and 128 heads, B 1-128;
-# fewer heads are not measured); named, it runs any head count
+# auto-selected where it was measured faster than the Triton kernel (H200, benchmarks/RESULTS.md,
+# "mla.decode": 16, 32, 64 and 128 heads at every shape, B 1-128, L 4k-32k; fp8 latents: 16 and
+# 128 heads, B 1-128; fewer heads are not measured); named, it runs any head count
 PREFER = {"num_heads": lambda h: h >= 16}
 
 

@@ -143,7 +143,7 @@ class MLAPlan(PlanBase):
         fp8 = kv_dtype == torch.float8_e4m3fn
         nvidia = gpu and torch.version.hip is None
         cc = torch.cuda.get_device_capability(dev) if nvidia else (0, 0)
-        # Launch configs from the H200 sweeps (results/h200/mla_decode_sweep*.json). Up to 16
+        # Launch configs from the H200 sweeps (benchmarks/RESULTS.md, "mla.decode"). Up to 16
         # heads the rows are one 16-row mma.sync and the kernel is bound by the latent reads:
         # 16-bit latents stream 128-key tiles with 8 warps (B=64, L=4k: 111 vs 137 us with the
         # 64-key default), fp8 latents 32-key tiles with 4 warps, 3 stages, converted by PTX

@@ -21,9 +21,9 @@
 // consumer owning rows 0..63 skips the block's last tile (above its diagonal) but keeps the
 // barrier protocol. Options (-D): STAGES, BN (64 / 128), FP16; NOPINGPONG and DIRECT_STORE
 // turn the turn-taking and the shared-memory epilogue off (measured alternatives, see
-// benchmarks/RESULTS.md, session 6). PAGED reads every key from the paged cache instead (any
-// cached prefix; the producer's warp 0 looks up the page ids and copies page by page; run-
-// verified on the H200 in session 7). Shared helpers and the wgmma wrappers: hopper_common.cuh.
+// benchmarks/RESULTS.md, "attention.extend"). PAGED reads every key from the paged cache
+// instead (any cached prefix; the producer's warp 0 looks up the page ids and copies page by
+// page; run-verified on the H200). Shared helpers and the wgmma wrappers: hopper_common.cuh.
 
 #ifndef STAGES
 #define STAGES 3                   // 226 KB with BN = 128
