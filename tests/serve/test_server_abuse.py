@@ -283,3 +283,29 @@ def test_health_turns_503_when_the_engine_gets_sigterm():
         assert status == 503
     finally:
         s.stop()
+
+
+def test_tokenizing_a_huge_prompt_does_not_block_the_event_loop():
+    """A 1 MB prompt within a (fake) 400k-token context is tokenized in the worker pool: it
+    takes seconds on the byte-level tokenizer while /health keeps answering in milliseconds."""
+    s = ServerProcess("fake", *FAKE, "--max-model-len", "400000")
+    try:
+        result = {}
+
+        def big():
+            result["status"] = _request(s, "POST", "/v1/completions",
+                                        {"prompt": "ab " * 330_000, "max_tokens": 1},
+                                        timeout=60)[0]
+        t = threading.Thread(target=big, daemon=True)
+        t.start()
+        worst, probes, t0 = 0.0, 0, time.monotonic()
+        while t.is_alive() and time.monotonic() - t0 < 30:
+            p0 = time.monotonic()
+            assert _request(s, "GET", "/health")[0] == 200
+            worst, probes = max(worst, time.monotonic() - p0), probes + 1
+            time.sleep(0.02)
+        t.join(1)
+        assert result.get("status") == 400        # 990,000 tokens > 400,000: after tokenizing
+        assert probes >= 5 and worst < 0.5, (probes, worst)
+    finally:
+        s.stop()
