@@ -157,6 +157,12 @@ def _sorted_history(ids: torch.Tensor | None, lens: torch.Tensor | None, batch: 
     return key.sort(dim=1).values.contiguous(), ok.sum(dim=1, dtype=torch.int32)
 
 
+def _log_bucket(length: int) -> int:
+    """Binary-search steps for a row of `length`, rounded up to a multiple of 4 (extra steps
+    are no-ops) so few history lengths need their own compile."""
+    return -(-max(1, length.bit_length()) // 4) * 4
+
+
 def run(logits, *, output_ids=None, output_lens=None, prompt_ids=None, prompt_lens=None,
         repetition_penalty=None, presence_penalty=None, frequency_penalty=None,
         logit_bias_ids=None, logit_bias_values=None) -> torch.Tensor:
@@ -185,8 +191,8 @@ def run(logits, *, output_ids=None, output_lens=None, prompt_ids=None, prompt_le
         dummy if frequency_penalty is None else frequency_penalty,
         HAS_REP=repetition_penalty is not None, HAS_PRES=presence_penalty is not None,
         HAS_FREQ=frequency_penalty is not None, HAS_BIAS=has_bias,
-        LOG_O=max(1, outs.shape[1].bit_length()), LOG_P=max(1, prms.shape[1].bit_length()),
-        BLOCK=128, BLOCK_NB=min(64, max(16, triton.next_power_of_2(nb))), num_warps=4,
+        LOG_O=_log_bucket(outs.shape[1]), LOG_P=_log_bucket(prms.shape[1]),
+        BLOCK=128, BLOCK_NB=min(64, max(16, triton.next_power_of_2(nb))), num_warps=8,
         enable_fp_fusion=False)
     return logits
 
@@ -198,9 +204,9 @@ def _cases():
            "freq_ptr": "*fp32"}
     on = dict(HAS_REP=True, HAS_PRES=True, HAS_FREQ=True, HAS_BIAS=True, LOG_O=12, LOG_P=15,
               BLOCK=128, BLOCK_NB=64)
-    return [CompileCase(_penalty_kernel, sig, on, num_warps=4),
+    return [CompileCase(_penalty_kernel, sig, on, num_warps=8),
             CompileCase(_penalty_kernel, dict(sig, x_ptr="*bf16"), dict(on, HAS_BIAS=False),
-                        num_warps=4, label="bf16")]
+                        num_warps=8, label="bf16")]
 
 
 @register("sampling", "apply_penalties", **TRITON, formats=FORMATS, tags=("deterministic",),

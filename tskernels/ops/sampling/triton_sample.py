@@ -5,11 +5,11 @@ rules (see tskernels_ref.sampling), and the draw is the Gumbel race argmax_{kept
 g from Philox keyed by the request's seed, counter (token id, step): it depends on nothing but
 the request's own row, so seeded draws are the same in any batch and under graph replay.
 Finding tau without sorting V values (chunks of CHUNK logits, S chunks per row):
-  1. _stats (B x S): per-chunk max and sum of exp of s (and of the raw logits, for logprobs).
-  2. _hist (B x S): histogram of each chunk over NB bins of width 1/BINS_PER_UNIT below the
-     row max M (bin = floor((M - s) * BINS_PER_UNIT), the last bin takes everything lower).
-  3. _plan (B): from the row's bin counts, the deepest bin that must hold every kept token:
-     top-k's bin (top-p renormalises over the top-k set, so all of it is kept as candidates),
+  1-2. _stats_hist (B x S), the one full read: per-chunk max and sum of exp of s (and of the
+     raw logits, for logprobs), and a histogram over NB bins of width 1/BINS_PER_UNIT on an
+     absolute grid (floor(s * BINS_PER_UNIT)) below the chunk's max, last bin everything lower.
+  3. _plan (B): the chunk histograms shifted onto the row's bins; the deepest bin that must
+     hold every kept token: top-k's bin (top-p renormalises over the top-k set, so all of it is kept as candidates),
      else the shallower of top-p's (a lower bound on each bin's mass, exp of its lower edge,
      says where top_p of the mass is surely reached) and min-p's; plus each chunk's offset.
   4. _compact (B x S): rows with at most CMAX candidates write them (s, id) to a buffer.
@@ -72,67 +72,59 @@ def _gumbel(seed, step, idx):
 
 
 @triton.jit
-def _stats(x_ptr, t_ptr, part_ptr, V, stride, S, CHUNK: tl.constexpr):
+def _grid(s, BINS_PER_UNIT: tl.constexpr):
+    """floor(s * BINS_PER_UNIT): the bin grid is absolute, so chunks histogrammed below their
+    own max line up with the row's bins by an integer shift."""
+    return tl.floor(tl.minimum(tl.maximum(s * BINS_PER_UNIT, -1e9), 1e9)).to(tl.int32)
+
+
+@triton.jit
+def _stats_hist(x_ptr, t_ptr, part_ptr, cnt_ptr, V, stride, S, CHUNK: tl.constexpr,
+                NB: tl.constexpr, BINS_PER_UNIT: tl.constexpr):
+    """One read of a chunk: max and sum of exp of s and of the raw logits, and the chunk's
+    histogram over NB bins below its own max (last bin: everything lower)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     cols = c * CHUNK + tl.arange(0, CHUNK)
     valid = cols < V
     x, s = _scaled(x_ptr, row, cols, valid, stride, _inv_temperature(t_ptr, row))
     m = tl.max(s, axis=0)
-    z = tl.sum(tl.where(valid, tl.exp(s - m), 0.0), axis=0)
+    z = tl.sum(tl.where(valid & (s > float("-inf")), tl.exp(s - m), 0.0), axis=0)
     rm = tl.max(x, axis=0)
-    rz = tl.sum(tl.where(valid, tl.exp(x - rm), 0.0), axis=0)
+    rz = tl.sum(tl.where(valid & (x > float("-inf")), tl.exp(x - rm), 0.0), axis=0)
     p = part_ptr + (row * S + c) * 4
     tl.store(p, m)
     tl.store(p + 1, z)
     tl.store(p + 2, rm)
     tl.store(p + 3, rz)
-
-
-@triton.jit
-def _row_max(part_ptr, row, S, BLOCK_S: tl.constexpr):
-    c = tl.arange(0, BLOCK_S)
-    return tl.max(tl.load(part_ptr + (row * S + c) * 4, mask=c < S, other=float("-inf")), axis=0)
-
-
-@triton.jit
-def _bin(s, M, BINS_PER_UNIT: tl.constexpr, NB: tl.constexpr):
-    d = tl.minimum((M - s) * BINS_PER_UNIT, NB - 1.0)
-    return d.to(tl.int32)
-
-
-@triton.jit
-def _hist(x_ptr, t_ptr, part_ptr, cnt_ptr, V, stride, S, CHUNK: tl.constexpr,
-          NB: tl.constexpr, BINS_PER_UNIT: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    M = _row_max(part_ptr, row, S, BLOCK_S)
-    cols = c * CHUNK + tl.arange(0, CHUNK)
-    valid = cols < V
-    _, s = _scaled(x_ptr, row, cols, valid, stride, _inv_temperature(t_ptr, row))
-    h = tl.histogram(_bin(s, M, BINS_PER_UNIT, NB), NB, mask=valid)
-    tl.store(cnt_ptr + (row * S + c) * NB + tl.arange(0, NB), h)
+    local = tl.minimum(_grid(m, BINS_PER_UNIT) - _grid(s, BINS_PER_UNIT), NB - 1)
+    tl.store(cnt_ptr + (row * S + c) * NB + tl.arange(0, NB), tl.histogram(local, NB, mask=valid))
 
 
 @triton.jit
 def _plan(part_ptr, cnt_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, plan_ptr, stat_ptr, off_ptr,
-          V, S, NB: tl.constexpr, BINS_PER_UNIT: tl.constexpr, BLOCK_S: tl.constexpr,
-          CMAX: tl.constexpr):
+          V, S, CHUNK: tl.constexpr, NB: tl.constexpr, BINS_PER_UNIT: tl.constexpr,
+          BLOCK_S: tl.constexpr, CMAX: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_S)
     cok = c < S
     pp = part_ptr + (row * S + c) * 4
     m = tl.load(pp, mask=cok, other=float("-inf"))
     M = tl.max(m, axis=0)
-    Z = tl.sum(tl.where(cok, tl.load(pp + 1, mask=cok, other=0.0) * tl.exp(m - M), 0.0), axis=0)
+    Z = tl.sum(tl.where(cok & (m > float("-inf")), tl.load(pp + 1, mask=cok, other=0.0)
+                        * tl.exp(m - M), 0.0), axis=0)
     rm = tl.load(pp + 2, mask=cok, other=float("-inf"))
     RM = tl.max(rm, axis=0)
-    RZ = tl.sum(tl.where(cok, tl.load(pp + 3, mask=cok, other=0.0) * tl.exp(rm - RM), 0.0),
-                axis=0)
+    RZ = tl.sum(tl.where(cok & (rm > float("-inf")), tl.load(pp + 3, mask=cok, other=0.0)
+                         * tl.exp(rm - RM), 0.0), axis=0)
+    # the chunks' histograms moved onto the row's bins (global bin = local + shift)
     b = tl.arange(0, NB)
-    cnt = tl.load(cnt_ptr + (row * S + c[:, None]) * NB + b[None, :], mask=cok[:, None], other=0)
+    shift = _grid(M, BINS_PER_UNIT) - _grid(m, BINS_PER_UNIT)
+    src = b[None, :] - shift[:, None]
+    ok = cok[:, None] & (src >= 0) & (src < NB - 1)
+    cnt = tl.load(cnt_ptr + (row * S + c[:, None]) * NB + src, mask=ok, other=0)
     tot = tl.sum(cnt, axis=0)
-    cum = tl.cumsum(tot, axis=0)
+    cum = tl.where(b == NB - 1, V, tl.cumsum(tot, axis=0))
     k = tl.load(k_ptr + row)
     top_p = tl.load(p_ptr + row)
     min_p = tl.load(minp_ptr + row)
@@ -144,12 +136,14 @@ def _plan(part_ptr, cnt_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, plan_ptr, stat_ptr, 
     lb = tl.cumsum(tot.to(tl.float32) * lb_one, axis=0)
     j_p = tl.minimum(tl.sum((lb < top_p * Z * 1.001).to(tl.int32), axis=0), NB - 1)
     j_p = tl.where(top_p < 1.0, j_p, NB - 1)
-    j_m = tl.minimum(-tl.log(tl.maximum(min_p, 1e-30)) * BINS_PER_UNIT + 1.0, NB - 1.0)
+    j_m = tl.minimum(-tl.log(tl.maximum(min_p, 1e-30)) * BINS_PER_UNIT + 2.0, NB - 1.0)
     j_m = tl.where(min_p > 0, j_m.to(tl.int32), NB - 1)
     j = tl.where(k_on, tl.where(top_p < 1.0, j_k, tl.minimum(j_k, j_m)), tl.minimum(j_p, j_m))
     j = tl.where(greedy, 0, j)
-    n = tl.sum(tl.where(b <= j, tot, 0), axis=0)
-    per_chunk = tl.sum(tl.where(b[None, :] <= j, cnt, 0), axis=1)
+    n = tl.sum(tl.where(b == j, cum, 0), axis=0)
+    chunk_len = tl.minimum(V - c * CHUNK, CHUNK)
+    per_chunk = tl.where(j == NB - 1, chunk_len, tl.sum(tl.where(b[None, :] <= j, cnt, 0), axis=1))
+    per_chunk = tl.where(cok, per_chunk, 0)
     tl.store(off_ptr + row * S + c, tl.cumsum(per_chunk, axis=0) - per_chunk, mask=cok)
     tl.store(plan_ptr + row * 2, j)
     tl.store(plan_ptr + row * 2 + 1, n)
@@ -170,7 +164,8 @@ def _compact(x_ptr, t_ptr, stat_ptr, plan_ptr, off_ptr, cs_ptr, ci_ptr, V, strid
         cols = c * CHUNK + tl.arange(0, CHUNK)
         valid = cols < V
         _, s = _scaled(x_ptr, row, cols, valid, stride, _inv_temperature(t_ptr, row))
-        sel = valid & (_bin(s, M, BINS_PER_UNIT, NB) <= j)
+        gbin = tl.minimum(_grid(M, BINS_PER_UNIT) - _grid(s, BINS_PER_UNIT), NB - 1)
+        sel = valid & (gbin <= j)
         pos = tl.load(off_ptr + row * S + c) + tl.cumsum(sel.to(tl.int32), axis=0) - 1
         tl.store(cs_ptr + row * CMAX + pos, s, mask=sel)
         tl.store(ci_ptr + row * CMAX + pos, cols, mask=sel)
@@ -354,17 +349,16 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     ri = torch.empty(batch, S, **i32)
     stride = logits.stride(0)
     grid2 = (batch, S)
-    _stats[grid2](logits, temperature, part, vocab, stride, S, CHUNK=chunk, num_warps=8)
-    _hist[grid2](logits, temperature, part, cnt, vocab, stride, S, CHUNK=chunk, NB=NB,
-                 BINS_PER_UNIT=BINS_PER_UNIT, BLOCK_S=block_s, num_warps=8)
+    _stats_hist[grid2](logits, temperature, part, cnt, vocab, stride, S, CHUNK=chunk, NB=NB,
+                       BINS_PER_UNIT=BINS_PER_UNIT, num_warps=8)
     _plan[(batch,)](part, cnt, temperature, top_k, top_p, min_p, plan, stat, off, vocab, S,
-                    NB=NB, BINS_PER_UNIT=BINS_PER_UNIT, BLOCK_S=block_s, CMAX=cmax,
-                    num_warps=4)
+                    CHUNK=chunk, NB=NB, BINS_PER_UNIT=BINS_PER_UNIT, BLOCK_S=block_s,
+                    CMAX=cmax, num_warps=8)
     _compact[grid2](logits, temperature, stat, plan, off, cs, ci, vocab, stride, S,
                     CHUNK=chunk, NB=NB, BINS_PER_UNIT=BINS_PER_UNIT, CMAX=cmax, num_warps=8)
     _finish[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, stat, plan, cs,
                       ci, thr, tok, lp, vocab, stride, CMAX=cmax, C_SMALL=min(C_SMALL, cmax),
-                      BLOCK=chunk, num_warps=8)
+                      BLOCK=chunk, num_warps=16)
     _race_chunk[grid2](logits, temperature, min_p, seeds, steps, stat, plan, thr, rv, ri,
                        vocab, stride, S, CHUNK=chunk, CMAX=cmax, num_warps=8)
     _race_final[(batch,)](logits, stat, plan, rv, ri, tok, lp, stride, S, CMAX=cmax,
@@ -381,15 +375,13 @@ def _cases():
     common = dict(CHUNK=CHUNK)
     bins = dict(NB=NB, BINS_PER_UNIT=BINS_PER_UNIT)
     return [
-        CompileCase(_stats, dict(x, part_ptr="*fp32", V="i32", stride="i32", S="i32"), common,
-                    num_warps=8),
-        CompileCase(_hist, dict(x, part_ptr="*fp32", cnt_ptr="*i32", V="i32", stride="i32",
-                                S="i32"), dict(common, **bins, BLOCK_S=64), num_warps=8),
+        CompileCase(_stats_hist, dict(x, part_ptr="*fp32", cnt_ptr="*i32", V="i32",
+                                      stride="i32", S="i32"), dict(common, **bins), num_warps=8),
         CompileCase(_plan, {"part_ptr": "*fp32", "cnt_ptr": "*i32", "t_ptr": "*fp32",
                             "k_ptr": "*i32", "p_ptr": "*fp32", "minp_ptr": "*fp32",
                             "plan_ptr": "*i32", "stat_ptr": "*fp32", "off_ptr": "*i32",
-                            "V": "i32", "S": "i32"}, dict(bins, BLOCK_S=64, CMAX=CMAX),
-                    num_warps=4),
+                            "V": "i32", "S": "i32"}, dict(common, **bins, BLOCK_S=64, CMAX=CMAX),
+                    num_warps=8),
         CompileCase(_compact, dict(x, stat_ptr="*fp32", plan_ptr="*i32", off_ptr="*i32",
                                    cs_ptr="*fp32", ci_ptr="*i32", V="i32", stride="i32",
                                    S="i32"), dict(common, **bins, CMAX=CMAX), num_warps=8),
@@ -398,7 +390,7 @@ def _cases():
                                   plan_ptr="*i32", cs_ptr="*fp32", ci_ptr="*i32",
                                   thr_ptr="*i32", tok_ptr="*i64", lp_ptr="*fp32", V="i32",
                                   stride="i32"), dict(CMAX=CMAX, C_SMALL=C_SMALL, BLOCK=CHUNK),
-                    num_warps=8),
+                    num_warps=16),
         CompileCase(_race_chunk, dict(x, minp_ptr="*fp32", seed_ptr="*i64", step_ptr="*i64",
                                       stat_ptr="*fp32", plan_ptr="*i32", thr_ptr="*i32",
                                       rv_ptr="*fp32", ri_ptr="*i32", V="i32", stride="i32",

@@ -1,0 +1,79 @@
+"""Sampling on the H200: the tskernels-bench cases (ours = the Triton kernels, the torch
+baselines in the same run, CUDA-graph replay) and the sampler's cost per parameter mix.
+
+    python benchmarks/sampling_gpu.py OUT_DIR [stage ...]     (stages: bench paths)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import tskernels
+from tskernels.bench.cases import sampling as cases
+from tskernels.bench.core import copy_bandwidth, run_bench, time_fn
+
+OUT = Path(sys.argv[1])
+STAGES = sys.argv[2:] or ["bench", "paths"]
+
+
+def save(name: str, data) -> None:
+    (OUT / name).write_text(json.dumps(data, indent=1))
+    print(f"-> {name}", flush=True)
+
+
+def bench() -> dict:
+    roof = copy_bandwidth("cuda")
+    res = {}
+    for op in ("sampling.greedy", "sampling.sample", "sampling.apply_penalties"):
+        res[op] = run_bench(op, graph=True, backend="triton", roofline_gbps=roof)
+        for row in res[op]["rows"]:
+            print(op, row["shape"], {k: v["us"] for k, v in row.items()
+                                     if isinstance(v, dict) and "us" in v}, flush=True)
+    return res
+
+
+def paths() -> dict:
+    """B=64, V=151936: ours for each parameter mix (which rows take the candidate path and
+    which the bisection fallback), CUDA-graph replay."""
+    mixes = {"k50_p0.9_minp0.05": {}, "k50": dict(p=1.0, minp=0.0),
+             "p0.9": dict(k=0, minp=0.0), "p0.9_minp0.05": dict(k=0),
+             "minp0.1": dict(k=0, p=1.0, minp=0.1), "temperature_only": dict(k=0, p=1.0, minp=0.0),
+             "greedy": dict(T=0.0, k=0, p=1.0, minp=0.0), "k1000_p0.95": dict(k=1000, p=0.95)}
+    rows = []
+    for b in (64, 256):
+        for name, kw in mixes.items():
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            shape = {"B": b, "V": cases.V, **kw}
+            sets = [cases._make(shape, "cuda", gen) for _ in range(3 if b == 64 else 2)]
+            fn = lambda d: tskernels.sampling.sample(d["logits"], **cases._params(d),  # noqa: E731
+                                                     backend="triton")
+            us = statistics.median(time_fn(fn, sets, "cuda", iters=60, graph=True))
+            rows.append({"B": b, "mix": name, "us": round(us, 2)})
+            print(rows[-1], flush=True)
+    return {"rows": rows, "note": "logits randn*3, T=0.8 unless the mix says otherwise"}
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    date = time.strftime("%Y-%m-%d %H:%M:%S")
+    ok = True
+    for stage in STAGES:
+        try:
+            data = {"bench": bench, "paths": paths}[stage]()
+            data = {"date": date, "device": torch.cuda.get_device_name(), "stage": stage,
+                    "command": " ".join(sys.argv), "data": data}
+            save(f"sampling_{stage}.json", data)
+        except Exception:
+            ok = False
+            traceback.print_exc()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
