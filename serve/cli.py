@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for name in ("max_waiting", "max_choices_per_request", "max_request_bytes"):
+        if getattr(args, name) < (0 if name == "max_waiting" else 1):
+            print(f"error: --{name.replace('_', '-')}: expected a "
+                  f"{'non-negative' if name == 'max_waiting' else 'positive'} int, got "
+                  f"{getattr(args, name)}", file=sys.stderr)
+            return 2
     try:
         sock = bind_socket(args.host, args.port)
     except OSError as e:
@@ -142,11 +148,6 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
 
     from serve.api.guards import HttpLimits, default_allowed_hosts, header_timeout_protocol, is_loopback
 
-    for name in ("max_waiting", "max_choices_per_request", "max_request_bytes"):
-        if getattr(args, name) < (0 if name == "max_waiting" else 1):
-            log.error("--%s: expected a %s int, got %s", name.replace("_", "-"),
-                      "non-negative" if name == "max_waiting" else "positive", getattr(args, name))
-            return 2
     if not is_loopback(args.host) and not args.api_key:
         log.warning("binding %s (not loopback) without --api-key: anyone who can reach this "
                     "port can use the model and read /metrics", args.host)

@@ -18,7 +18,9 @@ from tests.serve.fake_engine import FAKE, REPO, ServerProcess, tiny_model
 
 FLAGS = ["--host", "--port", "--max-model-len", "--max-num-seqs", "--chunked-prefill-size",
          "--page-size", "--kv-cache-dtype", "--gpu-memory-utilization", "--enable-prefix-caching",
-         "--no-enable-prefix-caching", "--api-key", "--dtype", "--seed"]
+         "--no-enable-prefix-caching", "--api-key", "--dtype", "--seed", "--allowed-hosts",
+         "--allowed-origins", "--max-waiting", "--max-choices-per-request", "--max-request-bytes",
+         "--body-timeout", "--header-timeout", "--shutdown-grace"]
 
 
 def _gone(pid: int) -> bool:
@@ -229,3 +231,13 @@ def test_sigterm_while_the_model_loads(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.parametrize("flag, value", [("--max-waiting", "-1"),
+                                         ("--max-choices-per-request", "0"),
+                                         ("--max-request-bytes", "0")])
+def test_bad_limit_flags_exit_2_before_loading(flag, value, capsys):
+    from serve.cli import main
+    t0 = time.monotonic()
+    assert main(["dummy:tiny-llama", "--port", "0", flag, value]) == 2
+    assert time.monotonic() - t0 < 10 and flag in capsys.readouterr().err
