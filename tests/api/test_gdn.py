@@ -53,6 +53,61 @@ def test_reference_selected_on_cpu(op):
                               traits={"num_heads": 4, "head_dim_k": 128, "head_dim_v": 128})
 
 
+@pytest.mark.parametrize("op,formats,traits", [
+    ("gate", {"a": "bf16", "b": "bf16"}, {"num_heads": 32}),
+    ("causal_conv1d", {"x": "bf16"}, {"width": 4, "dim": 8192}),
+    ("causal_conv1d_update", {"x": "bf16"}, {"width": 4, "dim": 8192})])
+def test_layer_pieces_reference_selected_on_cpu(op, formats, traits):
+    assert_reference_selected("gdn", op, formats=formats, traits=traits)
+
+
+def test_grouped_value_heads_equal_reference():
+    """q / k with 2 key heads, v / g / beta / state with 4 value heads."""
+    x = inputs(9, 4, 8, 16)
+    x["q"], x["k"] = x["q"][:, :2].contiguous(), x["k"][:, :2].contiguous()
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    assert_same(gdn.chunk_prefill(**x, cu_seqlens=cu, use_qk_l2norm=True),
+                ref.chunk_prefill(**x, cu_seqlens=cu, use_qk_l2norm=True))
+    got = torch.randn(3, 4, 8, 16)
+    want = got.clone()
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+    d = {n: t[:2] for n, t in x.items()}
+    assert_same(gdn.decode_step(**d, state=got, state_slots=slots),
+                ref.decode_step(**d, state=want, state_slots=slots))
+    assert_same(got, want)
+
+
+def test_gate_equals_reference():
+    a, b = torch.randn(7, 3).bfloat16(), torch.randn(7, 3).bfloat16()
+    A_log, dt_bias = torch.randn(3), torch.randn(3)
+    g, beta = gdn.gate(a, b, A_log, dt_bias)
+    assert g.dtype == torch.float32 and beta.dtype == torch.bfloat16
+    assert_same((g, beta), ref.gate(a, b, A_log, dt_bias))
+    assert (g <= 0).all()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_conv1d_equals_reference_and_rolls_state(bias, activation):
+    x, w = torch.randn(9, 6), torch.randn(6, 4)
+    b = torch.randn(6) if bias else None
+    cu = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
+    state = torch.randn(5, 6, 3)
+    slots = torch.tensor([4, 1, 0], dtype=torch.int32)
+    got_s, want_s = state.clone(), state.clone()
+    kw = dict(cu_seqlens=cu, state_slots=slots, activation=activation)
+    assert_same(gdn.causal_conv1d(x, w, b, conv_state=got_s, **kw),
+                ref.causal_conv1d(x, w, b, conv_state=want_s, **kw))
+    assert_same(got_s, want_s)
+    assert torch.equal(got_s[[2, 3]], state[[2, 3]])  # slots no sequence owns
+    assert torch.equal(got_s[1], state[1])  # the empty sequence keeps its state
+    assert torch.equal(got_s[0], x[2:9][-3:].T)  # the last W-1 inputs
+    y = gdn.causal_conv1d_update(x[:3], got_s, w, b, state_slots=slots, activation=activation)
+    assert_same(y, ref.causal_conv1d_update(x[:3], want_s, w, b, state_slots=slots,
+                                            activation=activation))
+    assert_same(got_s, want_s)
+
+
 X = inputs(5, 2, 4, 8)
 CU = torch.tensor([0, 2, 5], dtype=torch.int32)
 STATE = torch.zeros(4, 2, 4, 8)
@@ -70,6 +125,20 @@ def decode(**kw):
     args.update(state=STATE, state_slots=torch.tensor([0, 3], dtype=torch.int32))
     args.update(kw)
     return lambda: gdn.decode_step(**args)
+
+
+def conv(**kw):
+    args = dict(x=torch.zeros(5, 6), weight=torch.zeros(6, 4), bias=None, cu_seqlens=CU,
+                conv_state=torch.zeros(4, 6, 3), state_slots=torch.tensor([0, 3], dtype=torch.int32))
+    args.update(kw)
+    return lambda: gdn.causal_conv1d(**args)
+
+
+def conv_update(**kw):
+    args = dict(x=torch.zeros(2, 6), conv_state=torch.zeros(4, 6, 3), weight=torch.zeros(6, 4),
+                state_slots=torch.tensor([0, 3], dtype=torch.int32))
+    args.update(kw)
+    return lambda: gdn.causal_conv1d_update(**args)
 
 
 BAD = [
@@ -111,6 +180,30 @@ BAD = [
     (decode(state_slots=torch.tensor([1, 1], dtype=torch.int32)), ValueError,
      "state_slots: expected distinct"),
     (decode(scale=0.0), ValueError, "scale: expected a positive"),
+    (prefill(v=torch.zeros(5, 3, 8)), ValueError, "v: 3 must be a multiple of the key heads"),
+    (lambda: gdn.gate(torch.zeros(4, 2), torch.zeros(4, 3), torch.zeros(2), torch.zeros(2)),
+     ValueError, "b: expected shape"),
+    (lambda: gdn.gate(torch.zeros(4, 2), torch.zeros(4, 2), torch.zeros(3), torch.zeros(2)),
+     ValueError, "A_log: expected shape"),
+    (lambda: gdn.gate(torch.zeros(4, 2).long(), torch.zeros(4, 2), torch.zeros(2),
+                      torch.zeros(2)), TypeError, "a: expected dtype"),
+    (conv(weight=torch.zeros(6, 4).half()), TypeError, "weight: expected dtype"),
+    (conv(weight=torch.zeros(6, 1)), ValueError, "weight: expected a kernel width >= 2"),
+    (conv(bias=torch.zeros(5)), ValueError, "bias: expected shape"),
+    (conv(conv_state=torch.zeros(4, 6, 2)), ValueError, "conv_state: expected shape"),
+    (conv(state_slots=None), ValueError, "state_slots: expected together with conv_state"),
+    (conv(state_slots=torch.tensor([0, 4], dtype=torch.int32)), ValueError,
+     r"state_slots: expected values in \[0, 4\)"),
+    (conv(state_slots=torch.tensor([1, 1], dtype=torch.int32)), ValueError,
+     "state_slots: expected distinct"),
+    (conv(cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32)), ValueError,
+     "cu_seqlens: expected non-decreasing offsets from 0 to T=5"),
+    (conv(activation="gelu"), ValueError, "activation: expected 'silu' or None"),
+    (conv_update(conv_state=torch.zeros(4, 6, 3).transpose(0, 1).contiguous().transpose(0, 1)),
+     ValueError, "conv_state: expected a contiguous tensor"),
+    (conv_update(state_slots=torch.tensor([0], dtype=torch.int32)), ValueError,
+     "state_slots: expected shape"),
+    (conv_update(x=torch.zeros(2, 7)), ValueError, "weight: expected shape"),
 ]
 
 

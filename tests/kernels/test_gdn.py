@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -185,3 +186,40 @@ def test_triton_matches_reference_module_on_chunked_form(kernel_device):
                                cu_seqlens=x["cu_seqlens"].cpu(), use_qk_l2norm=True)
     assert_close(o, ro, name="o")
     assert_close(s, rs, name="final_state")
+
+
+def _triton(op):
+    return next(k for k in tskernels.kernels("gdn", op) if k.backend == "triton")
+
+
+VARIANT_DIMS = (128, 128) if HAS_CUDA else (16, 64)
+
+
+@pytest.mark.parametrize("block_v", [16, 32, 64])
+def test_decode_block_widths(kernel_device, block_v):
+    """Every value-block width the decode launch may pick (the H200 sweep measured 64 fastest
+    from B = 64 on) gives the recurrence's values and leaves unused slots alone."""
+    gen = torch.Generator().manual_seed(block_v)
+    x = problem([1] * 3, 2, 2, *VARIANT_DIMS, DTYPES[0], kernel_device, block_v)
+    pool = poisoned_pool(6, 4, *VARIANT_DIMS, [4, 0, 2], kernel_device, gen)
+    before = pool.cpu().clone()
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32, device=kernel_device)
+    o = _triton("decode_step").fn(*(x[a] for a in ("q", "k", "v", "g", "beta")), pool, slots,
+                                  use_qk_l2norm=True, block_v=block_v)
+    for b, slot in enumerate([4, 0, 2]):
+        want_o, want_s = recurrence(*(x[a][b: b + 1] for a in ("q", "k", "v", "g", "beta")),
+                                    before[slot], VARIANT_DIMS[0] ** -0.5, True)
+        assert_close(o[b: b + 1], want_o, name=f"o[{b}]")
+        assert_close(pool[slot], want_s, name=f"slot {slot}")
+    assert torch.isnan(pool[[1, 3, 5]]).all()
+
+
+@pytest.mark.parametrize("tuning", [{"state_bv": 16}, {"state_bv": 64}, {"wy_warps": 4},
+                                    {"out_warps": 4}])
+def test_prefill_launch_variants(kernel_device, tuning):
+    """The launch overrides the H200 sweep timed compute the same values."""
+    x = problem([70, 0, 1, 66], 2, 2, *VARIANT_DIMS, DTYPES[-1], kernel_device, 3)
+    o, final = _triton("chunk_prefill").fn(*(x[a] for a in ("q", "k", "v", "g", "beta")),
+                                           cu_seqlens=x["cu_seqlens"], use_qk_l2norm=True,
+                                           tuning=tuning)
+    check_prefill(x, o, final, None, VARIANT_DIMS[0] ** -0.5, True)

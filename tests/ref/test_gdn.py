@@ -108,3 +108,73 @@ def test_prefill_then_decode_continues_the_sequence():
     o_last = gdn.decode_step(q[40:], k[40:], v[40:], g[40:], beta[40:], state, torch.tensor([2], dtype=torch.int32))
     torch.testing.assert_close(o_last, o_all[40:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state[2], s_all[0], rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_value_heads_read_their_key_head():
+    """HV = 2 HK: value head h follows the recurrence with key / query head h // 2."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [37, 1, 0]
+    q, k, v, g, beta = make_inputs(sum(lens), 4, 16, 8, gen)
+    q, k = q[:, ::2].contiguous(), k[:, ::2].contiguous()  # 2 key heads
+    o, final = gdn.chunk_prefill(q.double(), k.double(), v.double(), g.double(), beta.double(),
+                                 cu_seqlens=indptr(lens), chunk_size=16)
+    rep = lambda x: x.repeat_interleave(2, dim=1)  # noqa: E731
+    bounds = indptr(lens).tolist()
+    for n in range(len(lens)):
+        s, e = bounds[n], bounds[n + 1]
+        want_o, want_s = naive_recurrence(rep(q[s:e]), rep(k[s:e]), v[s:e], g[s:e], beta[s:e],
+                                          torch.zeros(4, 16, 8), 16 ** -0.5)
+        torch.testing.assert_close(o[s:e], want_o, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(final[n], want_s, rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=20, deadline=None)
+@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=3), width=st.sampled_from([2, 3, 4]),
+       with_state=st.booleans(), silu=st.booleans(), seed=st.integers(0, 2**31))
+def test_causal_conv1d_matches_torch_conv(lens, width, with_state, silu, seed):
+    """Each sequence, its state prepended, through torch's grouped conv1d in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    dim = 5
+    x, w, b = rand(sum(lens), dim, gen=gen), rand(dim, width, gen=gen), rand(dim, gen=gen)
+    state = rand(len(lens) + 1, dim, width - 1, gen=gen)
+    slots = torch.randperm(len(lens) + 1, generator=gen)[: len(lens)]
+    before = state.clone()
+    y = gdn.causal_conv1d(x, w, b, cu_seqlens=indptr(lens), conv_state=state if with_state else None,
+                          state_slots=slots if with_state else None,
+                          activation="silu" if silu else None)
+    bounds = indptr(lens).tolist()
+    for n in range(len(lens)):
+        s, e = bounds[n], bounds[n + 1]
+        prev = before[slots[n]] if with_state else torch.zeros(dim, width - 1, dtype=torch.float64)
+        seq = torch.cat([prev, x[s:e].T], dim=1)  # [D, W-1 + L]
+        if e > s:  # (torch's conv refuses an input shorter than its kernel)
+            want = torch.nn.functional.conv1d(seq[None], w[:, None, :], b, groups=dim)[0].T
+            want = torch.nn.functional.silu(want) if silu else want
+            torch.testing.assert_close(y[s:e], want, rtol=1e-12, atol=1e-12)
+        if with_state:
+            torch.testing.assert_close(state[slots[n]], seq[:, -(width - 1):])
+    if with_state:
+        unused = [i for i in range(len(lens) + 1) if i not in slots.tolist()]
+        assert torch.equal(state[unused], before[unused])
+
+
+def test_conv1d_update_is_one_more_prefill_token():
+    gen = torch.Generator().manual_seed(2)
+    x, w = rand(6, 4, gen=gen), rand(4, 4, gen=gen)
+    state = torch.zeros(2, 4, 3, dtype=torch.float64)
+    slot = torch.tensor([1])
+    y_all = gdn.causal_conv1d(x, w, cu_seqlens=indptr([6]), conv_state=state.clone(), state_slots=slot)
+    gdn.causal_conv1d(x[:5], w, cu_seqlens=indptr([5]), conv_state=state, state_slots=slot)
+    y = gdn.causal_conv1d_update(x[5:], state, w, state_slots=slot)
+    torch.testing.assert_close(y, y_all[5:], rtol=1e-12, atol=1e-12)
+
+
+def test_gate_formula():
+    gen = torch.Generator().manual_seed(1)
+    a, b = rand(5, 3, gen=gen, scale=10.0), rand(5, 3, gen=gen)
+    A_log, dt_bias = rand(3, gen=gen), rand(3, gen=gen)
+    g, beta = gdn.gate(a, b, A_log, dt_bias)
+    x = a + dt_bias
+    softplus = torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    torch.testing.assert_close(g, -torch.exp(A_log) * softplus, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(beta, 1 / (1 + torch.exp(-b)), rtol=1e-12, atol=1e-12)
