@@ -207,3 +207,96 @@ def _store_mla(gen, dtype, size):
 
 
 
+
+
+# ---- gated delta rule -----------------------------------------------------------------------
+
+def _gdn_heads(gen, size):
+    """(key heads, value heads, K, V): grouped value heads as Qwen3-Next's 16 / 32."""
+    if size == "small":
+        hk = _pick(gen, (1, 2))
+        return hk, hk * _pick(gen, (1, 2)), 16, _pick(gen, (16, 32))
+    return 2, 4, 128, 128
+
+
+def _gdn_acts(gen, n, hk, hv, dk, dv, dtype):
+    return (_randn(gen, n, hk, dk, dtype=dtype), _randn(gen, n, hk, dk, dtype=dtype),
+            _randn(gen, n, hv, dv, dtype=dtype),
+            torch.nn.functional.logsigmoid(torch.randn(n, hv, generator=gen) + 2.0),
+            torch.rand(n, hv, generator=gen).to(dtype))
+
+
+def _gdn_traits(hv, dk, dv):
+    return {"num_heads": hv, "head_dim_k": dk, "head_dim_v": dv}
+
+
+@problem_generator("gdn", "chunk_prefill")
+def _gdn_prefill(gen, dtype, size):
+    lens = ragged_lens(3, 150, gen=gen) if size == "small" else ragged_lens(4, 700, gen=gen)
+    hk, hv, dk, dv = _gdn_heads(gen, size)
+    q, k, v, g, beta = _gdn_acts(gen, sum(lens), hk, hv, dk, dv, dtype)
+    cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(torch.int32)
+    init = torch.randn(len(lens), hv, dk, dv, generator=gen) * 0.5 \
+        if _pick(gen, (True, False)) else None
+    kw = dict(cu_seqlens=cu, initial_state=init, scale=None, chunk_size=64, use_qk_l2norm=True)
+    return Case((q, k, v, g, beta), kw, {"q": fmt(dtype), "state": "fp32"},
+                _gdn_traits(hv, dk, dv),
+                label=f"gdn prefill lens {lens} heads {hk}/{hv} dims {dk}x{dv} "
+                      f"state {init is not None} {dtype}")
+
+
+@problem_generator("gdn", "decode_step")
+def _gdn_decode(gen, dtype, size):
+    batch = _pick(gen, (1, 3)) if size == "small" else _pick(gen, (1, 33))
+    hk, hv, dk, dv = _gdn_heads(gen, size)
+    q, k, v, g, beta = _gdn_acts(gen, batch, hk, hv, dk, dv, dtype)
+    slots = torch.randperm(batch + 3, generator=gen)[:batch]
+    pool = torch.full((batch + 3, hv, dk, dv), float("nan"))  # slots no sequence owns
+    pool[slots] = torch.randn(batch, hv, dk, dv, generator=gen) * 0.5
+    return Case((q, k, v, g, beta, pool, slots.to(torch.int32)),
+                {"scale": None, "use_qk_l2norm": True}, {"q": fmt(dtype), "state": "fp32"},
+                _gdn_traits(hv, dk, dv), outputs=lambda o, a: (o, a[5]),
+                label=f"gdn decode slots {slots.tolist()} heads {hk}/{hv} {dtype}")
+
+
+@problem_generator("gdn", "gate")
+def _gdn_gate(gen, dtype, size):
+    n, h = (9, 3) if size == "small" else (4096, 32)
+    a, b = _randn(gen, n, h, dtype=dtype) * 8, _randn(gen, n, h, dtype=dtype)
+    return Case((a, b, torch.randn(h, generator=gen), torch.randn(h, generator=gen)), {},
+                {"a": fmt(dtype), "b": fmt(dtype)}, {"num_heads": h},
+                label=f"gdn gate {n}x{h} {dtype}")
+
+
+def _conv_state(gen, num_seqs, dim, width, dtype):
+    slots = torch.randperm(num_seqs + 2, generator=gen)[:num_seqs]
+    state = torch.full((num_seqs + 2, dim, width - 1), float("nan"))
+    state[slots] = torch.randn(num_seqs, dim, width - 1, generator=gen)
+    return state.to(dtype), slots.to(torch.int32)
+
+
+@problem_generator("gdn", "causal_conv1d")
+def _gdn_conv(gen, dtype, size):
+    lens = ragged_lens(3, 40, gen=gen) if size == "small" else ragged_lens(4, 900, gen=gen)
+    dim, width = (_pick(gen, (5, 130)), _pick(gen, (2, 4))) if size == "small" else (1024, 4)
+    x = _randn(gen, sum(lens), dim, dtype=dtype)
+    w, b = _randn(gen, dim, width, dtype=dtype) / width, _randn(gen, dim, dtype=dtype)
+    state, slots = _conv_state(gen, len(lens), dim, width, dtype)
+    cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(torch.int32)
+    return Case((x, w, b), dict(cu_seqlens=cu, conv_state=state, state_slots=slots,
+                                activation="silu"),
+                {"x": fmt(dtype)}, {"width": width, "dim": dim},
+                label=f"gdn conv lens {lens} dim {dim} width {width} {dtype}")
+
+
+@problem_generator("gdn", "causal_conv1d_update")
+def _gdn_conv_update(gen, dtype, size):
+    batch, dim, width = (3, _pick(gen, (5, 130)), _pick(gen, (2, 3, 4))) if size == "small" \
+        else (64, 8192, 4)
+    x = _randn(gen, batch, dim, dtype=dtype)
+    w, b = _randn(gen, dim, width, dtype=dtype) / width, _randn(gen, dim, dtype=dtype)
+    state, slots = _conv_state(gen, batch, dim, width, dtype)
+    return Case((x, state, w, b), dict(state_slots=slots, activation="silu"),
+                {"x": fmt(dtype)}, {"width": width, "dim": dim},
+                outputs=lambda y, a: (y, a[1]),
+                label=f"gdn conv update dim {dim} width {width} {dtype}")
