@@ -41,9 +41,24 @@ def validate_grammar(grammar: str) -> str | None:
     return err or None
 
 
+# Whitespace between JSON tokens: what pretty-printing needs, but bounded. Unbounded
+# whitespace lets a model that prefers spaces (or a vocabulary with long runs of them) emit
+# blanks until max_tokens and never close the object.
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
+
+
+def json_options(schema: dict | bool) -> dict | bool:
+    """`schema` with llguidance's compile options (x-guidance): bounded whitespace."""
+    if not isinstance(schema, dict):
+        return schema
+    opts = dict(schema.get("x-guidance") or {})
+    opts.setdefault("whitespace_pattern", JSON_WHITESPACE)
+    return {**schema, "x-guidance": opts}
+
+
 def json_schema_grammar(schema: dict | bool) -> str:
     """The grammar of one JSON value matching `schema` (a JSON Schema object)."""
-    return _llguidance().LLMatcher.grammar_from_json_schema(schema)
+    return _llguidance().LLMatcher.grammar_from_json_schema(json_options(schema))
 
 
 def lark_grammar(lark: str) -> str:
@@ -76,6 +91,8 @@ class GrammarTokenizer:
         return Matcher(m)
 
     def fill_bitmask(self, matchers: list["Matcher"]) -> np.ndarray:
+        # little-endian words: numpy's unpackbits(bitorder="little") on their bytes gives
+        # token order (serve.constrained.apply_token_bitmask)
         """int32 [len(matchers), words]: bit t of row i set when token t is allowed."""
         mask = np.full((len(matchers), self.words), -1, dtype=np.int32)
         live = [(m.inner, i) for i, m in enumerate(matchers) if not m.inner.is_error()]
@@ -102,16 +119,27 @@ class Matcher:
         return self.inner.get_error() if self.inner.is_error() else None
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     """Logits with every token whose bit is clear set to -inf (out of place).
 
-    logits: [S, V] float on any device; bitmask: int32 [S, ceil(V / 32)] on the same device
-    (bit t % 32 of word t // 32 allows token t; a row of all ones leaves its logits as they are).
+    logits: [S, V] float on any device; bitmask: int32 [S, ceil(V / 32)] host array (bit t % 32
+    of word t // 32 allows token t; a row of all ones leaves its logits as they are). On the
+    CPU the bits are unpacked by numpy; elsewhere the words are uploaded (V / 8 bytes a row)
+    and unpacked on the device.
     """
     rows, vocab = logits.shape
-    if bitmask.shape != (rows, (vocab + BITS - 1) // BITS) or bitmask.dtype != torch.int32:
-        raise ValueError(f"bitmask: expected int32 [{rows}, {(vocab + BITS - 1) // BITS}], "
-                         f"got {bitmask.dtype} {list(bitmask.shape)}")
-    shifts = torch.arange(BITS, device=bitmask.device, dtype=torch.int32)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(rows, -1)[:, :vocab]
+    words = (vocab + BITS - 1) // BITS
+    if not isinstance(bitmask, np.ndarray) or bitmask.shape != (rows, words) \
+            or bitmask.dtype != np.int32:
+        raise ValueError(f"bitmask: expected an int32 numpy array [{rows}, {words}], got "
+                         f"{getattr(bitmask, 'dtype', type(bitmask).__name__)} "
+                         f"{list(getattr(bitmask, 'shape', ()))}")
+    if logits.device.type == "cpu":
+        bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1,
+                             bitorder="little")[:, :vocab]
+        allowed = torch.from_numpy(bits).bool()
+    else:
+        dev_mask = torch.from_numpy(bitmask).to(logits.device, non_blocking=True)
+        shifts = torch.arange(BITS, device=logits.device, dtype=torch.int32)
+        allowed = ((dev_mask.unsqueeze(-1) >> shifts) & 1).bool().reshape(rows, -1)[:, :vocab]
     return logits.masked_fill(~allowed, float("-inf"))

@@ -93,13 +93,14 @@ class LogitsProcessing:
             if gram else None
 
         def run(logits: torch.Tensor) -> torch.Tensor:
-            logits = logits.clone()   # may be a CUDA graph's output buffer
-            if pen:
+            if pen:   # in place: may be a CUDA graph's output buffer, so work on a copy
+                logits = logits.clone()
                 _penalize(logits, pen, [states[i] for i in pen])
-            if gram:
+            if gram and len(gram) == logits.shape[0]:
+                logits = apply_token_bitmask(logits, bitmask)
+            elif gram:
                 rows = torch.tensor(gram, device=logits.device)
-                mask = torch.from_numpy(bitmask).to(logits.device, non_blocking=True)
-                logits[rows] = apply_token_bitmask(logits[rows], mask)
+                logits[rows] = apply_token_bitmask(logits[rows], bitmask)
             return logits
         return run
 

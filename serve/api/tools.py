@@ -240,12 +240,12 @@ def tool_grammar(req: ToolRequest, parser: str) -> str | None:
     tools = [t for t in req.tools if req.choice != "named" or t["function"]["name"] == req.named]
     many = req.parallel and req.choice == "required"
     if parser == "hermes":
-        body = "%json " + json.dumps(_call_schema(tools, "arguments"))
+        body = "%json " + json.dumps(constrained.json_options(_call_schema(tools, "arguments")))
         lark = ('start: call' + (' ("\\n" call)*' if many else '') + '\n'
                 'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
                 'body: ' + body + '\n')
     else:
-        body = "%json " + json.dumps(_call_schema(tools, "parameters"))
+        body = "%json " + json.dumps(constrained.json_options(_call_schema(tools, "parameters")))
         lark = 'start: body' + (' ("; " body)*' if many else '') + '\nbody: ' + body + '\n'
     grammar = constrained.lark_grammar(lark)
     _check(grammar, "tools")
