@@ -61,13 +61,14 @@ def _routing_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, stride_t, SCALE,
     p = tl.arange(0, P_P)
     ids = (g[:, None] * P + p[None, :])[None, :, :]
     col_ok = ((g[:, None] < G) & (p[None, :] < P))[None, :, :]
-    ok = row_mask[:, None, None] & col_ok
-    x = tl.load(logit_ptr + rows.to(tl.int64)[:, None, None] * stride_t + ids, mask=ok,
+    x = tl.load(logit_ptr + rows.to(tl.int64)[:, None, None] * stride_t + ids,
+                mask=row_mask[:, None, None] & col_ok,
                 other=float("-inf")).to(tl.float32)
+    x = tl.where(row_mask[:, None, None], x, 0.0)  # rows past T: finite garbage, never stored
     if SIGMOID:
-        s = tl.where(ok, 1.0 / (1.0 + tl.exp(-x)), 0.0)
+        s = tl.where(col_ok, 1.0 / (1.0 + tl.exp(-x)), 0.0)
         bias = tl.load(bias_ptr + ids, mask=col_ok, other=0.0).to(tl.float32)
-        c = tl.where(ok, s + bias, float("-inf"))
+        c = tl.where(col_ok, s + bias, float("-inf"))
         if TOPK_GROUP < G:
             # group score: the two best c of the group (a one-expert group counts its one)
             top1 = tl.max(c, axis=2)
@@ -89,9 +90,9 @@ def _routing_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, stride_t, SCALE,
                    SCALE)
     else:
         mx = tl.max(tl.max(x, axis=2), axis=1)
-        ex = tl.where(ok, tl.exp(x - mx[:, None, None]), 0.0)
+        ex = tl.where(col_ok, tl.exp(x - mx[:, None, None]), 0.0)
         prob = ex / tl.sum(tl.sum(ex, axis=2), axis=1)[:, None, None]
-        prob = tl.where(ok, prob, float("-inf"))
+        prob = tl.where(col_ok, prob, float("-inf"))
         _take_topk(prob, prob, ids, w_ptr, id_ptr, rows, row_mask, K, K_P, BLOCK_T, 1 << 30,
                    RENORM, SCALE)
 
@@ -124,14 +125,15 @@ def _cases():
                 RENORM=True, BLOCK_T=16)
     ds = dict(E=256, G=8, P=32, G_P=8, P_P=32, K=8, K_P=8, TOPK_GROUP=4, SIGMOID=True,
               RENORM=True, BLOCK_T=8)
-    return [CompileCase(_routing_kernel, sig, soft, label="softmax_e128_k8", aligned=("stride_t",)),
-            CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"}, ds,
-                        label="sigmoid_e256_g8_k8", aligned=("stride_t",))]
+    return {"softmax": [CompileCase(_routing_kernel, sig, soft, label="softmax_e128_k8",
+                                    aligned=("stride_t",))],
+            "sigmoid": [CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"}, ds,
+                                    label="sigmoid_e256_g8_k8", aligned=("stride_t",))]}
 
 
 @register("moe", "topk_softmax", **TRITON, formats={"router_logits": _FORMATS},
           traits={"num_experts": lambda e: e <= MAX_EXPERTS}, tags=("deterministic",),
-          compile_cases=_cases)
+          compile_cases=lambda: _cases()["softmax"])
 def topk_softmax(router_logits, top_k, *, renormalize):
     """Triton softmax top-k routing (one program per 1-16 tokens)."""
     return _launch(router_logits, None, top_k, n_group=1, topk_group=1, scale=1.0,
@@ -141,7 +143,7 @@ def topk_softmax(router_logits, top_k, *, renormalize):
 @register("moe", "topk_sigmoid_grouped", **TRITON,
           formats={"router_logits": _FORMATS, "correction_bias": _FORMATS},
           traits={"num_experts": lambda e: e <= MAX_EXPERTS}, tags=("deterministic",),
-          compile_cases=_cases)
+          compile_cases=lambda: _cases()["sigmoid"])
 def topk_sigmoid_grouped(router_logits, correction_bias, top_k, *, n_group, topk_group,
                          routed_scaling_factor, renormalize):
     """Triton DeepSeek-V3 sigmoid + bias + grouped top-k routing."""
