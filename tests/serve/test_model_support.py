@@ -159,3 +159,10 @@ def test_windows_change_the_answer(tmp_path):
     out = engine.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
                                                    ignore_eos=True))[0]
     assert out.token_ids != expected
+
+
+def test_docs_carry_the_current_table():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "SERVING.md").read_text()
+    assert ms.support_table_markdown() in doc, "regenerate: python -m serve.model_support"
