@@ -161,10 +161,12 @@ def compile_cases(kind: str) -> list[CompileCase]:
         sig = {"x_ptr": "*bf16", **common, "stride_s": "i32", "eps": "fp32"}
         return [CompileCase(_group_quant_kernel, sig,
                             dict(GROUP=128, ROWS=16, SILU_MUL=kind == "silu"),
-                            aligned=("K", "stride_x", "stride_q"), label=kind)]
+                            aligned=("K", "stride_x", "stride_q"),
+                            label=kind)]
     sig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "amax_ptr": "*fp32",
            "M": "i32", "K": "i32", "stride_x": "i32", "stride_q": "i32", "eps": "fp32"}
     modes = (0,) if kind == "row" else (1, 2, 3)
     return [CompileCase(_row_quant_kernel, sig, dict(BK=512, ROWS=4, MODE=mode),
-                        aligned=("K", "stride_x", "stride_q"), label=f"{kind} mode {mode}")
+                        aligned=("K", "stride_x", "stride_q"),
+                        label=f"{kind} mode {mode}")
             for mode in modes]
