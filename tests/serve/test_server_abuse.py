@@ -309,3 +309,25 @@ def test_tokenizing_a_huge_prompt_does_not_block_the_event_loop():
         assert probes >= 5 and worst < 0.5, (probes, worst)
     finally:
         s.stop()
+
+
+def test_small_kv_pool_is_advertised_as_the_context(tmp_path_factory):
+    """A pool of 4 x 16 tokens: /v1/models says 64 (not 4096) and the start-up log says why; a
+    request that cannot fit is a 400, not a completion cut with finish_reason "length"."""
+    from tests.serve.fake_engine import tiny_model
+
+    s = ServerProcess(tiny_model(tmp_path_factory), "--device", "cpu", "--page-size", "16",
+                      "--num-kv-pages", "4")
+    try:
+        status, _, raw = _request(s, "GET", "/v1/models")
+        assert status == 200 and json.loads(raw)["data"][0]["max_model_len"] == 64
+        assert "max_model_len lowered from 4096 to 64" in s.logs()
+        status, _, raw = _request(s, "POST", "/v1/completions",
+                                  {"prompt": [5] * 40, "max_tokens": 30})
+        assert status == 400 and _error(raw)["code"] == "context_length_exceeded"
+        status, _, raw = _request(s, "POST", "/v1/completions",
+                                  {"prompt": [5] * 40, "max_tokens": 24, "ignore_eos": True})
+        body = json.loads(raw)
+        assert status == 200 and body["usage"]["completion_tokens"] == 24
+    finally:
+        s.stop()
