@@ -10,11 +10,12 @@ touches a transformers module). `load_model_config(model)` accepts:
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, fields
 
 import torch
+
+import tskernels
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
@@ -180,46 +181,12 @@ def rope_params(cfg) -> tuple[float, dict | None]:
     return float(theta), {**rp, "rope_type": kind, "type": kind}
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def yarn_cos_sin_cache(max_position: int, dim: int, base: float, s: dict) -> torch.Tensor:
-    """YaRN table [max_position, dim] (cos half, sin half) as DeepSeek-V3 / Kimi-K2 use it:
-    frequencies blended between extrapolation and 1/factor interpolation by a linear ramp over
-    the correction range, cos/sin scaled by the attention factor."""
-    factor = float(s["factor"])
-    orig = float(s.get("original_max_position_embeddings", 4096))
-    beta_fast, beta_slow = float(s.get("beta_fast") or 32), float(s.get("beta_slow") or 1)
-    mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
-    attn_factor = s.get("attention_factor")
-    if attn_factor is None:
-        attn_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
-                       if mscale and mscale_all else _yarn_mscale(factor))
-
-    def corr_dim(rot):
-        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = math.floor(corr_dim(beta_fast)), math.ceil(corr_dim(beta_slow))
-    if s.get("truncate", True) is False:
-        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrap = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrap) + (1.0 / pos_freqs) * extrap
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-    return torch.cat([freqs.cos() * attn_factor, freqs.sin() * attn_factor], dim=-1)
-
-
 def mla_softmax_scale(cfg) -> float:
     """1/sqrt(qk_head_dim), times mscale(factor, mscale_all_dim)^2 under YaRN (DeepSeek-V3)."""
     scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
     _, s = rope_params(cfg)
     if s and s.get("mscale_all_dim"):
-        m = _yarn_mscale(float(s["factor"]), float(s["mscale_all_dim"]))
+        m = tskernels.rope.yarn_mscale(float(s["factor"]), float(s["mscale_all_dim"]))
         scale *= m * m
     return scale
 

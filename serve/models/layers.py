@@ -120,12 +120,9 @@ class Rotary:
 def rope_table(head_dim: int, max_position: int, theta: float, scaling: dict | None,
                device) -> torch.Tensor:
     kind = (scaling or {}).get("rope_type")
-    if kind in (None, "default", "linear", "llama3"):
+    if kind in (None, "default", "linear", "llama3", "yarn"):
         return tskernels.rope.cos_sin_cache(max_position, head_dim, theta, scaling=scaling,
                                             device=device)
-    if kind == "yarn":
-        from ..config import yarn_cos_sin_cache
-        return yarn_cos_sin_cache(max_position, head_dim, theta, scaling).to(device)
     raise ValueError(f"rope scaling {kind!r} is not supported")
 
 

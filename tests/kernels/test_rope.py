@@ -62,3 +62,23 @@ def test_rope_rejects_bad_input():
         tskernels.rope.apply_rope(q, None, torch.tensor([0]), cache)
     with pytest.raises(ValueError, match="cos_sin_cache"):
         tskernels.rope.apply_rope(torch.randn(2, 1, 4), None, torch.tensor([0, 1]), cache)
+
+
+def test_yarn_table_matches_transformers():
+    """tskernels.rope.cos_sin_cache(scaling=yarn) = cos / sin of HF's YaRN frequencies times
+    its attention factor (DeepSeek-V3 style config, mscale and mscale_all_dim)."""
+    pytest.importorskip("transformers")
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    s = dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=4096,
+             beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=0.707)
+    cfg = DeepseekV3Config(qk_rope_head_dim=64, rope_scaling=s, rope_theta=10000.0,
+                           max_position_embeddings=163840)
+    inv_freq, attn = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    table = tskernels.rope.cos_sin_cache(256, 64, 10000.0, scaling=s)
+    freqs = torch.outer(torch.arange(256, dtype=torch.float32), inv_freq.float())
+    want = torch.cat([freqs.cos() * attn, freqs.sin() * attn], dim=-1)
+    assert torch.allclose(table, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="not supported"):
+        tskernels.rope.cos_sin_cache(16, 8, scaling={"rope_type": "longrope"})

@@ -7,22 +7,37 @@ import tskernels_ref.rope as _ref
 from ... import _check
 from ...registry import fmt, select
 from .._common import load_backends
+from ._yarn import yarn_cos_sin_cache as _yarn_cache
+from ._yarn import yarn_mscale
 
 BACKENDS = load_backends(__name__, __path__)
 
 STYLES = ("neox", "gptj")
+SCALINGS = (None, "default", "linear", "llama3", "yarn")
 
 
 def cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0, *,
                   scaling: dict | None = None, dtype: torch.dtype = torch.float32,
                   device: str | torch.device = "cpu") -> torch.Tensor:
     """[max_position, rotary_dim] table: first half cos(p * f_i), second half sin(p * f_i),
-    f_i = base^(-2i/rotary_dim), with optional "linear" or "llama3" scaling. Built once per
-    model (float64 math), so it has no kernel."""
+    f_i = base^(-2i/rotary_dim). Built once per model, so it has no kernel.
+
+    scaling (the HF config's rope scaling dict, kind under "rope_type" or "type"): None /
+    "default"; "linear" (positions divided by "factor"); "llama3" (Llama-3.1 frequency remap;
+    these in float64 math); "yarn" ("factor", "original_max_position_embeddings", "beta_fast",
+    "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate": DeepSeek-V3 /
+    Kimi-K2 style, float32 math, cos / sin scaled by the attention factor, see `yarn_mscale`).
+    """
     _check.positive("max_position", max_position)
     _check.positive("rotary_dim", rotary_dim)
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim: must be even, got {rotary_dim}")
+    kind = (scaling or {}).get("type", (scaling or {}).get("rope_type"))
+    if kind not in SCALINGS:
+        raise ValueError(f"scaling: rope scaling type {kind!r} not supported; expected one of "
+                         f"{[k for k in SCALINGS if k]}")
+    if kind == "yarn":
+        return _yarn_cache(max_position, rotary_dim, base, scaling).to(dtype).to(device)
     return _ref.cos_sin_cache(max_position, rotary_dim, base, scaling=scaling,
                               dtype=dtype).to(device)
 
