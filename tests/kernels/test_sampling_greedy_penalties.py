@@ -2,6 +2,7 @@
 (interpreter on CPU, the real GPU with -m gpu, where the vocabulary is a real model's)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -90,9 +91,8 @@ def test_penalties_long_histories_real_vocab(kernel_device):
     assert torch.equal(got, ref.apply_penalties(x, **kw))
 
 
+@pytest.mark.gpu
 def test_penalties_capture_in_cuda_graph():
-    if not HAS_CUDA:
-        return  # graph capture needs a CUDA device; the GPU tier runs this
     gen = torch.Generator().manual_seed(6)
     kw = penalty_problem(8, VOCAB, 256, 16, gen, "cuda")
     x = torch.randn(8, VOCAB, device="cuda")

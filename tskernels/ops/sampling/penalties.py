@@ -107,7 +107,8 @@ def apply_penalties(
             and (output_ids is None or (pres is None and freq is None)):
         return logits  # no rule applies: skip the launch
     kern = select("sampling", "apply_penalties", device=dev,
-                  formats={"logits": fmt(logits.dtype)}, backend=backend)
+                  formats={"logits": fmt(logits.dtype)}, traits={"batch": batch},
+                  backend=backend)
     kern(logits, output_ids=output_ids, output_lens=output_lens, prompt_ids=prompt_ids,
          prompt_lens=prompt_lens, repetition_penalty=rep, presence_penalty=pres,
          frequency_penalty=freq, logit_bias_ids=logit_bias_ids,
