@@ -166,3 +166,9 @@ def test_docs_carry_the_current_table():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "SERVING.md").read_text()
     assert ms.support_table_markdown() in doc, "regenerate: python -m serve.model_support"
+
+
+def test_rope_types_are_what_the_rope_op_computes():
+    from tskernels.ops.rope import SCALINGS
+
+    assert set(ms.ROPE_TYPES) == {s for s in SCALINGS if s is not None}
