@@ -118,8 +118,8 @@ def _check_size_before_tokenizing(state, spec: GenerateSpec) -> None:
         state.max_token_chars = max((len(t) for t in vocab), default=1) or 1
     bound = state.max_model_len * state.max_token_chars
     param = "messages" if spec.chat else "prompt"
-    texts = [m["content"] for m in spec.messages] if spec.chat else \
-        [p for p in spec.prompts if isinstance(p, str)]
+    texts = [m.get("content") for m in spec.messages] if spec.chat else spec.prompts
+    texts = [t for t in texts if isinstance(t, str)]
     chars = sum(len(t) for t in texts) if spec.chat else max((len(t) for t in texts), default=0)
     too_long = chars > bound or (not spec.chat and any(
         isinstance(p, list) and len(p) >= state.max_model_len for p in spec.prompts))
