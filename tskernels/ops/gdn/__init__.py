@@ -17,7 +17,9 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference, triton_chunk, triton_conv, triton_decode  # noqa: F401  (backends)
+from .._common import load_backends
+
+load_backends(__name__, __path__)  # reference, triton_chunk, triton_decode, triton_conv
 
 STATE_DTYPES = (torch.float32, torch.float64)
 

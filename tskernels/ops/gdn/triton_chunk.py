@@ -13,7 +13,8 @@ Three launches, each over (chunk, value head) or (value block, sequence x value 
 
 Ragged batches need no host sync: the grid is an upper bound on the chunk count
 (T // 64 + N), `chunk_offsets` (cumulative chunks per sequence, computed on the device) maps a
-program to its sequence by binary search, and programs past the last chunk exit.
+program to its sequence by binary search, and programs past the last chunk exit
+(tskernels/ops/shared/ragged.py).
 """
 from __future__ import annotations
 
@@ -24,25 +25,11 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from ..shared.ragged import block_offsets, locate_block, search_steps
+from ._validate import CHUNK, FORMATS, head_dim_ok
 
-CHUNK = 64
 BT = tl.constexpr(CHUNK)  # chunk length
 BC = tl.constexpr(16)  # sub-block of the in-chunk solve
-HEAD_DIMS = (16, 32, 64, 128)
-FORMATS = {"q": ("fp32", "fp16", "bf16"), "state": ("fp32",)}
-
-
-@triton.jit
-def _locate_chunk(chunk_offsets, c, N, LOG_N: tl.constexpr):
-    """The sequence n with chunk_offsets[n] <= c < chunk_offsets[n + 1] (binary search)."""
-    lo = c * 0
-    hi = lo + N
-    for _ in range(LOG_N):
-        mid = (lo + hi) // 2
-        go = tl.load(chunk_offsets + mid) <= c
-        lo = tl.where(go, mid, lo)
-        hi = tl.where(go, hi, mid)
-    return lo
 
 
 @triton.jit
@@ -81,7 +68,7 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = _locate_chunk(coff_ptr, c, N, LOG_N)
+    n = locate_block(coff_ptr, c, N, LOG_N)
     bos = tl.load(cu_ptr + n).to(tl.int64)
     length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
     t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
@@ -228,7 +215,7 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = _locate_chunk(coff_ptr, c, N, LOG_N)
+    n = locate_block(coff_ptr, c, N, LOG_N)
     bos = tl.load(cu_ptr + n).to(tl.int64)
     length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
     t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
@@ -281,20 +268,8 @@ def _prec(dtype: torch.dtype) -> bool:
     return dtype == torch.float32
 
 
-def _chunk_offsets(cu_seqlens: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
-    """int32 [N + 1]: cumulative chunks per sequence, on the device (no host sync)."""
-    lens = cu_seqlens[1:] - cu_seqlens[:-1]
-    chunks = torch.div(lens + (chunk - 1), chunk, rounding_mode="floor")
-    return torch.cat([torch.zeros(1, dtype=torch.int32, device=cu_seqlens.device),
-                      chunks.cumsum(0).to(torch.int32)])
-
-
-def _dims_ok(d: int) -> bool:
-    return d in HEAD_DIMS
-
-
 @register("gdn", "chunk_prefill", **TRITON, formats=FORMATS,
-          traits={"head_dim_k": _dims_ok, "head_dim_v": _dims_ok},
+          traits={"head_dim_k": head_dim_ok, "head_dim_v": head_dim_ok},
           tags=("deterministic", "throughput"), compile_cases=lambda: _cases())
 def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=None,
                   chunk_size=64, use_qk_l2norm=False, tuning: dict | None = None):
@@ -313,7 +288,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     cu = cu_seqlens.to(torch.int32).contiguous()
-    coff = _chunk_offsets(cu)
+    coff = block_offsets(cu, CHUNK)
     max_chunks = total // CHUNK + num_seqs
     dt = q.dtype
     G = torch.empty(total, hv, dtype=torch.float32, device=dev)
@@ -323,7 +298,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
     o = torch.empty(total, hv, dv, dtype=dt, device=dev)
     final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
-    log_n = max(4, (num_seqs - 1).bit_length() + 1)  # fixed for N <= 8: fewer specialisations
+    log_n = search_steps(num_seqs)
     prec = _prec(dt)
     if max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,

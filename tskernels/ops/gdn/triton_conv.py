@@ -15,7 +15,7 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
-from .triton_chunk import _chunk_offsets, _locate_chunk
+from ..shared.ragged import block_offsets, locate_block, search_steps
 
 CONV_FORMATS = {"x": ("fp32", "fp16", "bf16")}
 MAX_WIDTH = 8
@@ -36,7 +36,7 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, y_ptr, cu_ptr, coff_p
     c = tl.program_id(0)
     if c >= tl.load(coff_ptr + N):
         return
-    n = _locate_chunk(coff_ptr, c, N, LOG_N)
+    n = locate_block(coff_ptr, c, N, LOG_N)
     bos = tl.load(cu_ptr + n).to(tl.int64)
     length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
     t = (c - tl.load(coff_ptr + n)).to(tl.int64) * TOK + tl.arange(0, TOK)
@@ -143,13 +143,13 @@ def causal_conv1d(x, weight, bias=None, *, cu_seqlens, conv_state=None, state_sl
     num_seqs = cu_seqlens.shape[0] - 1
     x, weight = x.contiguous(), weight.contiguous()
     cu = cu_seqlens.to(torch.int32).contiguous()
-    coff = _chunk_offsets(cu, TOK)
+    coff = block_offsets(cu, TOK)
     y = torch.empty_like(x)
     has_state = conv_state is not None
     st = conv_state if has_state else x
     slots = state_slots.contiguous() if has_state else cu
     grid_d = triton.cdiv(dim, BD)
-    log_n = max(4, (num_seqs - 1).bit_length() + 1)
+    log_n = search_steps(num_seqs)
     _conv_kernel[(total // TOK + num_seqs, grid_d)](
         x, weight, bias if bias is not None else weight, st, slots, y, cu, coff, num_seqs, dim,
         W=width, HAS_BIAS=bias is not None, HAS_STATE=has_state, SILU=activation == "silu",

@@ -15,7 +15,7 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
-from .triton_chunk import FORMATS, HEAD_DIMS
+from ._validate import FORMATS, head_dim_ok
 
 
 @triton.jit
@@ -54,7 +54,7 @@ def _block_v(batch: int, hv: int, dv: int) -> int:
 
 
 @register("gdn", "decode_step", **TRITON, formats=FORMATS,
-          traits={"head_dim_k": lambda d: d in HEAD_DIMS, "head_dim_v": lambda d: d in HEAD_DIMS},
+          traits={"head_dim_k": head_dim_ok, "head_dim_v": head_dim_ok},
           tags=("deterministic", "latency"), compile_cases=lambda: _cases())
 def decode_step(q, k, v, g, beta, state, state_slots, *, scale=None, use_qk_l2norm=False,
                 block_v: int | None = None):
