@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,10 +14,15 @@ import pytest
 
 import tskernels
 from tskernels.ops.attention import cuda_decode, cuda_extend
+from tskernels.testing.toolchain import cuda_tool, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "build" / "cuda_compile.json"
-NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+_GET = "pip install -e '.[test]' brings it (nvidia-cuda-nvcc wheel), or a CUDA toolkit on PATH"
+NVCC = require_tool("nvcc", cuda_tool("nvcc"), f"the CUDA sources are compile-checked with it; {_GET}")
+CUOBJDUMP = require_tool("cuobjdump", cuda_tool("cuobjdump"), f"reads the SASS; {_GET}")
+NVDISASM = require_tool("nvdisasm", cuda_tool("nvdisasm"), f"reads the SASS; {_GET}")
+SASS_MMA = re.compile(r"\b[HQO]MMA\.")          # a tensor-core MMA in the machine code
 E4M3_MMA = re.compile(r"mma\.sync\.aligned\.m16n8k32\.row\.col\.f32\.e4m3\.e4m3\.f32")
 CONFIGS = [(4, 2), (2, 3), (4, 3), (2, 4), (8, 2)]  # (warps, stages) plans and tests launch
 
@@ -42,12 +46,22 @@ def _build(arch: str, warps: int, stages: int, tmp: Path) -> dict:
     return dict(target=arch, warps=warps, stages=stages,
                 registers=int(regs.group(1)) if regs else None,
                 spill_bytes=int(spill.group(1)) if spill else 0,
-                e4m3_mma=bool(E4M3_MMA.search((tmp / f"k{sm}.ptx").read_text())))
+                e4m3_mma=bool(E4M3_MMA.search((tmp / f"k{sm}.ptx").read_text())),
+                sass_mma=bool(SASS_MMA.search(_sass(CUOBJDUMP, tmp / f"k{sm}.cubin"))))
 
 
-def test_nvcc_is_available():
-    assert Path(NVCC).exists() or shutil.which("nvcc"), \
-        "nvcc not found: the CUDA sources cannot be compile-checked"
+def _sass(tool: str, cubin: Path) -> str:
+    """The cubin's machine code as text (`cuobjdump -sass` or `nvdisasm`)."""
+    cmd = [tool, "-sass", str(cubin)] if tool == CUOBJDUMP else [tool, str(cubin)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_cuda_tools_are_available():
+    for tool in (NVCC, CUOBJDUMP, NVDISASM):
+        r = subprocess.run([tool, "--version"], capture_output=True, text=True)
+        assert r.returncode == 0 and "NVIDIA" in r.stdout, (tool, r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("arch", sorted(_spec().verification.compiled))
@@ -57,7 +71,7 @@ def test_cuda_decode_compiles(arch, tmp_path):
     old = json.loads(OUT.read_text()) if OUT.exists() else []
     OUT.write_text(json.dumps([r for r in old if r["target"] != arch] + rows, indent=1))
     for r in rows:
-        assert r["e4m3_mma"], r
+        assert r["e4m3_mma"] and r["sass_mma"], r
         assert r["registers"] and r["registers"] <= 255, r
         assert r["spill_bytes"] < 256, r
 
@@ -93,11 +107,14 @@ def _build_sm90a(src, opts, tmp: Path) -> tuple[str, dict]:
     assert cub.returncode == 0, cub.stderr[-3000:]
     regs = re.search(r"Used (\d+) registers", cub.stderr)
     spill = re.search(r"(\d+) bytes spill stores", cub.stderr)
+    sass = _sass(NVDISASM, tmp / "k.cubin")
     # ptxas reports serialised warpgroup MMAs as "Potential Performance Loss"
     return (tmp / "k.ptx").read_text(), dict(
         target="sm_90a", registers=int(regs.group(1)) if regs else None,
         spill_bytes=int(spill.group(1)) if spill else 0,
-        serialized="Potential Performance Loss" in cub.stderr, log=cub.stderr[-2000:])
+        serialized="Potential Performance Loss" in cub.stderr, log=cub.stderr[-2000:],
+        sass_wgmma=bool(re.search(r"\bHGMMA\.64x\d+x16", sass)),
+        sass_tma=bool(re.search(r"\bUTMALDG\b", sass)))
 
 
 def _record(kernel: str, rows: list[dict]) -> None:
@@ -122,7 +139,7 @@ def test_cuda_prefill_compiles(tmp_path):
         r.update(kernel="prefill_wgmma", block_n=bn, stages=stages, fp16=fp16, paged=paged,
                  wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)))
         rows.append(r)
-        assert r["wgmma"] and r["tma"], r
+        assert r["wgmma"] and r["tma"] and r["sass_wgmma"] and r["sass_tma"], r
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
         assert not r["serialized"], r["log"]
         assert cuda_extend.smem_bytes(stages, bn) <= 232448, r
@@ -147,6 +164,7 @@ def test_cuda_mla_decode_compiles(tmp_path):
                  tma=bool(TMA.search(text)))
         rows.append(r)
         assert r["shapes"] == ["m64n256k16", "m64n64k16"] and r["tma"], r
+        assert r["sass_wgmma"] and r["sass_tma"], r
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
         assert not r["serialized"], r["log"]
     _record("mla_decode_wgmma", rows)
