@@ -1,8 +1,13 @@
-"""One device call for the attention work: GPU test tier, launch-config sweep, CUDA-graph check,
-and the side-by-side benchmarks (JSON into $OUT).
+"""Lab script for the attention kernels' experiments: launch-config sweeps, kernel-form and
+cache-layout comparisons, CUDA-kernel builds with -D variants (JSON into $OUT).
+
+The benchmarks a user runs are in `tskernels-bench`:
+
+    tskernels-bench attention.decode attention.extend mla.decode --modes eager,graph \
+        --json-dir $OUT
 
     python benchmarks/attention_gpu.py sweep            # decode variants, short table
-    python benchmarks/attention_gpu.py bench decode     # tskernels-bench rows -> $OUT/*.json
+    python benchmarks/attention_gpu.py bench decode     # the same as tskernels-bench above
 """
 from __future__ import annotations
 

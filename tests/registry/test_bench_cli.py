@@ -31,3 +31,13 @@ def test_console_script_entry():
     out = subprocess.run([sys.executable, "-m", "tskernels.bench.cli", "--list"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "norm.rmsnorm" in out.stdout
+
+
+def test_bench_several_ops_and_modes_into_a_directory(tmp_path, capsys):
+    assert main(["norm.rmsnorm", "activation.silu_and_mul", "--modes", "eager",
+                 "--iters", "2", "--json-dir", str(tmp_path)]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["activation_silu_and_mul.json", "norm_rmsnorm.json"]
+    res = json.loads((tmp_path / "norm_rmsnorm.json").read_text())
+    assert res["op"] == "norm.rmsnorm" and res["rows"][0]["ours"]["us"] > 0
+    assert main(["norm.rmsnorm", "--modes", "eager,sideways"]) == 2

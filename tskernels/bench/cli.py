@@ -1,15 +1,19 @@
-"""tskernels-bench <family>.<op> [--shapes 'k=v,k=v;k=v'] [--json FILE|-] [--graph] ...
+"""tskernels-bench <family>.<op> [...] [--shapes 'k=v,k=v;k=v'] [--json FILE|-] [--graph] ...
 
 Examples:
     tskernels-bench --list
     tskernels-bench norm.rmsnorm --json -
     tskernels-bench attention.decode --shapes 'B=16,L=4096;B=1,L=4096' --graph --json out.json
+    # the attention benchmarks of a GPU session, eager and CUDA-graph replay, one JSON each:
+    tskernels-bench attention.decode attention.extend mla.decode --modes eager,graph \
+        --json-dir $OUT
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .core import benches, run_bench
 
@@ -54,7 +58,7 @@ def _table(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tskernels-bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("op", nargs="?", help="family.op, e.g. norm.rmsnorm")
+    ap.add_argument("op", nargs="*", help="family.op (one or more), e.g. norm.rmsnorm")
     ap.add_argument("--list", action="store_true", help="list benchmarkable ops")
     ap.add_argument("--shapes", help="';'-separated shapes of comma-separated key=value")
     ap.add_argument("--device", help="cuda or cpu (default: cuda when available)")
@@ -65,29 +69,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", default="all",
                     help="baselines to time: 'all', 'none' or comma-separated names")
     ap.add_argument("--backend", help="force our backend (e.g. triton); default: selected")
-    ap.add_argument("--json", help="write results as JSON to FILE ('-' for stdout)")
+    ap.add_argument("--modes", help="comma-separated 'eager' / 'graph': run each op in each "
+                                    "(default: graph with --graph, else eager)")
+    ap.add_argument("--json", help="write results as JSON to FILE ('-' for stdout; a list "
+                                   "when several runs)")
+    ap.add_argument("--json-dir", help="write each run to DIR/<family>_<op>[_graph].json")
     args = ap.parse_args(argv)
     table = benches()
     if args.list or not args.op:
         for name, b in table.items():
             print(f"{name:<28} baselines: {', '.join(b.baselines) or '-'}")
         return 0
-    if args.op not in table:
-        print(f"unknown op {args.op!r}; known: {', '.join(table)}", file=sys.stderr)
+    unknown = [op for op in args.op if op not in table]
+    if unknown:
+        print(f"unknown op(s) {unknown}; known: {', '.join(table)}", file=sys.stderr)
+        return 2
+    modes = (args.modes or ("graph" if args.graph else "eager")).split(",")
+    if not set(modes) <= {"eager", "graph"}:
+        print(f"--modes: expected 'eager' and / or 'graph', got {args.modes!r}", file=sys.stderr)
         return 2
     base = None if args.compare == "all" else ([] if args.compare == "none"
                                                 else args.compare.split(","))
-    res = run_bench(args.op, parse_shapes(args.shapes), device=args.device, iters=args.iters,
-                    graph=args.graph, baselines=base, backend=args.backend)
-    res["command"] = "tskernels-bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "tskernels-bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    results = []
+    for op in args.op:
+        for mode in modes:
+            res = run_bench(op, parse_shapes(args.shapes), device=args.device,
+                            iters=args.iters, graph=mode == "graph", baselines=base,
+                            backend=args.backend)
+            res["command"] = command
+            results.append(res)
+            if args.json != "-":
+                print(_table(res), flush=True)
+            if args.json_dir:
+                name = op.replace(".", "_") + ("_graph" if mode == "graph" else "")
+                with open(Path(args.json_dir) / f"{name}.json", "w") as f:
+                    json.dump(res, f, indent=1)
+    out = results[0] if len(results) == 1 else results
     if args.json == "-":
-        json.dump(res, sys.stdout, indent=1)
+        json.dump(out, sys.stdout, indent=1)
         print()
-    else:
-        print(_table(res))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1)
+    elif args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
     return 0
 
 
