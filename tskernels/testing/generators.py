@@ -300,3 +300,46 @@ def _gdn_conv_update(gen, dtype, size):
                 {"x": fmt(dtype)}, {"width": width, "dim": dim},
                 outputs=lambda y, a: (y, a[1]),
                 label=f"gdn conv update dim {dim} width {width} {dtype}")
+
+
+# ---- sampling -------------------------------------------------------------------------------
+
+@problem_generator("sampling", "greedy")
+def _greedy(gen, dtype, size):
+    b, v = (3, _pick(gen, (7, 300))) if size == "small" else (64, 151936)
+    x = (torch.randn(b, v, generator=gen) * 4).round().to(dtype)  # rounded: ties
+    x[0, v // 2] = x[0, v - 1] = x[0].max() + 1  # a tie at the max: the lower index wins
+    return Case((x,), {}, {"logits": fmt(dtype)}, label=f"greedy {b}x{v} {dtype}")
+
+
+@problem_generator("sampling", "sample")
+def _sample_greedy_rows(gen, dtype, size):
+    """Temperature-0 rows only: seeded draws come from each backend's own RNG (they agree in
+    distribution, tested per kernel), greedy rows and the chosen tokens' logprobs must agree."""
+    b, v = (3, _pick(gen, (9, 200))) if size == "small" else (32, 151936)
+    x = _randn(gen, b, v, dtype=dtype) * 3
+    kw = dict(temperature=torch.zeros(b), top_k=torch.randint(-1, 20, (b,), generator=gen,
+                                                              dtype=torch.int32),
+              top_p=torch.full((b,), 0.9), min_p=torch.full((b,), 0.05),
+              seeds=torch.arange(b, dtype=torch.int64), steps=torch.zeros(b, dtype=torch.int64),
+              num_logprobs=0)
+    return Case((x,), kw, {"logits": fmt(dtype)}, {"logprobs": False},
+                outputs=lambda r, a: (r.token_ids, r.logprobs), tol_dtype=torch.float32,
+                label=f"sample greedy rows {b}x{v} {dtype}")
+
+
+@problem_generator("sampling", "apply_penalties", dtypes=(torch.float32, torch.float16,
+                                                          torch.bfloat16))
+def _penalties(gen, dtype, size):
+    b, v, lo, lp = (3, 50, 20, 30) if size == "small" else (64, 151936, 1024, 4096)
+    ids = lambda n: torch.randint(-1, v + 1, (b, n), generator=gen)  # noqa: E731
+    kw = dict(output_ids=ids(lo), output_lens=torch.randint(0, lo + 1, (b,), generator=gen),
+              prompt_ids=ids(lp).int(), prompt_lens=torch.randint(0, lp + 1, (b,),
+                                                                  generator=gen).int(),
+              repetition_penalty=torch.rand(b, generator=gen) + 0.5,
+              presence_penalty=torch.randn(b, generator=gen),
+              frequency_penalty=torch.randn(b, generator=gen) * 0.5,
+              logit_bias_ids=ids(8), logit_bias_values=torch.randn(b, 8, generator=gen))
+    return Case((_randn(gen, b, v, dtype=dtype) * 3,), kw, {"logits": fmt(dtype)},
+                outputs=lambda r, a: (a[0],), tol_dtype=dtype,
+                label=f"penalties {b}x{v} L {lo} P {lp} {dtype}")
