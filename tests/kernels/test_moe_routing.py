@@ -12,7 +12,7 @@ from tskernels.numerics import assert_close
 
 moe = tskernels.moe
 GPU = torch.cuda.is_available()
-EXAMPLES = 40 if GPU else 10
+EXAMPLES = 15 if GPU else 10
 
 
 def _distinct_logits(t: int, e: int, dtype, gen) -> torch.Tensor:
