@@ -5,7 +5,8 @@ same run). Each stage writes its JSON to OUT as soon as it ends.
     python benchmarks/gdn_gpu.py OUT_DIR STAGE ...
     stages: decode_ref accuracy conv prefill_ref (ours vs the reference, launch sweeps),
             decode_fla prefill_fla (ours vs FLA, FLA's accuracy, per-kernel profile)
-One process per FLA stage keeps a failing baseline from taking the other stages with it.
+One process per FLA stage keeps a failing baseline from taking the other stages with it. FLA
+autotunes its prefill kernels on the first call (tens of configs): give prefill_fla >= 180 s.
 """
 from __future__ import annotations
 

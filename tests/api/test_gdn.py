@@ -170,6 +170,8 @@ BAD = [
     (decode(state=STATE[:, :1]), ValueError, "state: expected shape"),
     (decode(state=STATE.half()), TypeError, "state: expected dtype"),
     (decode(state=STATE.to(META)), ValueError, "state: expected a tensor on"),
+    (decode(state=torch.zeros(4, 2, 8, 4).transpose(2, 3)), ValueError,
+     "state: expected a contiguous state pool"),
     (decode(state_slots=torch.tensor([0], dtype=torch.int32)), ValueError,
      "state_slots: expected shape"),
     (decode(state_slots=torch.tensor([0.0, 1.0])), TypeError, "state_slots: expected dtype"),

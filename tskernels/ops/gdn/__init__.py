@@ -101,8 +101,8 @@ def decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 
     q, k: [B, HK, K] fp32/fp16/bf16. v: [B, H, V], q's dtype, H a multiple of HK.
     g: float32 [B, H] log decay.
-    beta: [B, H] float. state: float32 [num_slots, H, K, V], read and written at rows
-    state_slots. state_slots: int32/int64 [B], distinct, each in [0, num_slots) (checked only
+    beta: [B, H] float. state: float32 [num_slots, H, K, V], contiguous, read and written at
+    rows state_slots (other slots are never touched). state_slots: int32/int64 [B], distinct, each in [0, num_slots) (checked only
     when on the CPU: elsewhere the check would synchronise). scale: positive, default
     1/sqrt(K). use_qk_l2norm: L2-normalize q and k per head first. All on one device.
     Returns o [B, H, V] in q's dtype.
@@ -110,6 +110,9 @@ def decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     batch, heads, dk, dv = _qkv(q, k, v, g, beta)
     _check.tensor("state", state, ndim=4, shape=(None, heads, dk, dv), dtypes=STATE_DTYPES,
                   device=q.device)
+    if not state.is_contiguous():
+        raise ValueError("state: expected a contiguous state pool (its slots are updated in "
+                         f"place), got strides {state.stride()}")
     _check.tensor("state_slots", state_slots, dtypes=_check.INDEX, shape=(batch,),
                   device=q.device)
     if state_slots.device.type == "cpu" and batch:
