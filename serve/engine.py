@@ -142,13 +142,16 @@ class Engine:
 
     @property
     def tokenizer(self):
-        """The checkpoint's tokenizer; dummy weights (or a directory without one) get the
-        default model's, loaded on first use (token ids beyond the model's vocab are refused)."""
+        """The checkpoint's tokenizer; dummy weights (or a directory without one) get one that
+        fits the model's vocabulary (serve.dummy_tokenizer: the default model's, or a byte-level
+        one for small vocabularies), loaded on first use."""
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
             from .default_model import smollm2_dir
-            self._tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
+            from .dummy_tokenizer import tokenizer_for
+            self._tokenizer = tokenizer_for(int(self.hf_config.vocab_size),
+                                            lambda: AutoTokenizer.from_pretrained(smollm2_dir()))
         return self._tokenizer
 
     # ---- request API ------------------------------------------------------------------------
