@@ -334,6 +334,9 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     top_k = top_k.clamp(min=-1, max=vocab).to(torch.int32)
     chunk = chunk_size(vocab)
     S = triton.cdiv(vocab, chunk)
+    if batch * S * NB >= 2**31 or batch * cmax >= 2**31:
+        raise ValueError(f"logits: {batch} rows x {S} chunks of {chunk} overflow the sampler's "
+                         f"int32 workspace offsets; sample fewer rows per call")
     block_s = max(16, triton.next_power_of_2(S))
     f32 = dict(dtype=torch.float32, device=dev)
     i32 = dict(dtype=torch.int32, device=dev)
@@ -364,7 +367,7 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     _race_final[(batch,)](logits, stat, plan, rv, ri, tok, lp, stride, S, CMAX=cmax,
                           BLOCK_S=block_s, num_warps=1)
     top = None
-    if num_logprobs > 0:
+    if num_logprobs > 0:  # torch.topk of the raw logits, shifted by the row's log-sum-exp
         values, ids = logits.float().topk(num_logprobs, dim=-1)
         top = (values - stat[:, 2:3], ids)
     return SampleOutput(tok, lp, top)
