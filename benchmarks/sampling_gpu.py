@@ -1,7 +1,7 @@
 """Sampling on the H200: the tskernels-bench cases (ours = the Triton kernels, the torch
 baselines in the same run, CUDA-graph replay) and the sampler's cost per parameter mix.
 
-    python benchmarks/sampling_gpu.py OUT_DIR [stage ...]     (stages: bench paths)
+    PYTHONPATH=. python benchmarks/sampling_gpu.py OUT_DIR [stage ...]  (stages: bench paths bins)
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tskernels.bench.cases import sampling as cases
 from tskernels.bench.core import copy_bandwidth, run_bench, time_fn
 
 OUT = Path(sys.argv[1])
-STAGES = sys.argv[2:] or ["bench", "paths"]
+STAGES = sys.argv[2:] or ["bench", "paths", "bins"]
 
 
 def save(name: str, data) -> None:
@@ -59,13 +59,33 @@ def paths() -> dict:
     return {"rows": rows, "note": "logits randn*3, T=0.8 unless the mix says otherwise"}
 
 
+def bins() -> dict:
+    """Histogram resolution sweep of the sampler (not the run-verified default unless it is
+    (256, 8.0)): time per call and whether every token equals the default launch's."""
+    from tskernels.ops.sampling import triton_sample as ts
+    rows = []
+    for b in (64, 256):
+        for name, kw in {"k50_p0.9_minp0.05": {}, "p0.9": dict(k=0, minp=0.0)}.items():
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            sets = [cases._make({"B": b, "V": cases.V, **kw}, "cuda", gen) for _ in range(2)]
+            want = ts.run(sets[0]["logits"], **cases._params(sets[0])).token_ids
+            for nb in ((256, 8.0), (128, 4.0), (64, 4.0), (32, 2.0)):
+                fn = lambda d, nb=nb: ts.run(d["logits"], **cases._params(d), bins=nb)  # noqa: E731
+                same = bool(torch.equal(fn(sets[0]).token_ids, want))
+                us = statistics.median(time_fn(fn, sets, "cuda", iters=40, graph=True))
+                rows.append({"B": b, "mix": name, "bins": nb, "us": round(us, 2),
+                             "same_tokens": same})
+                print(rows[-1], flush=True)
+    return {"rows": rows}
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     date = time.strftime("%Y-%m-%d %H:%M:%S")
     ok = True
     for stage in STAGES:
         try:
-            data = {"bench": bench, "paths": paths}[stage]()
+            data = {"bench": bench, "paths": paths, "bins": bins}[stage]()
             data = {"date": date, "device": torch.cuda.get_device_name(), "stage": stage,
                     "command": " ".join(sys.argv), "data": data}
             save(f"sampling_{stage}.json", data)

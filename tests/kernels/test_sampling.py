@@ -189,3 +189,16 @@ def test_sample_replays_in_cuda_graph():
     torch.cuda.synchronize()
     assert torch.equal(out.token_ids, later.token_ids)
     assert torch.equal(out.logprobs, later.logprobs)
+
+
+def test_histogram_resolution_changes_no_token(kernel_device):
+    """The bins only decide which superset of the kept set is compacted: coarser histograms
+    (the sweep's candidates) must draw exactly the default's tokens."""
+    gen = torch.Generator().manual_seed(21)
+    b, v = 6, 151936 if HAS_CUDA else 150
+    x = (torch.randn(b, v, generator=gen) * 3).to(kernel_device)
+    p = mixed(b, v, gen, kernel_device)
+    cmax = ts.CMAX if HAS_CUDA else 64
+    want = ts.run(x, **p, cmax=cmax).token_ids
+    for bins in ((32, 2.0), (64, 4.0)):
+        assert torch.equal(ts.run(x, **p, cmax=cmax, bins=bins).token_ids, want), bins

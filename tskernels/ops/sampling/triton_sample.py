@@ -319,9 +319,11 @@ def chunk_size(vocab: int) -> int:
 
 
 def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=None,
-        num_logprobs: int = 0, cmax: int = CMAX):
+        num_logprobs: int = 0, cmax: int = CMAX, bins: tuple[int, float] = (NB, BINS_PER_UNIT)):
     """Launch the pipeline (module doc); returns SampleOutput. cmax: candidate buffer size
-    (tests shrink it to drive rows down the exact bisection path)."""
+    (tests shrink it to drive rows down the exact bisection path). bins: (number of histogram
+    bins, bins per unit of logit / temperature) -- the run-verified launch is the default;
+    others are for sweeps (fewer bins: cheaper histogram, a few more candidates)."""
     from tskernels_ref.sampling import SampleOutput
 
     batch, vocab = logits.shape
@@ -334,14 +336,15 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     top_k = top_k.clamp(min=-1, max=vocab).to(torch.int32)
     chunk = chunk_size(vocab)
     S = triton.cdiv(vocab, chunk)
-    if batch * S * NB >= 2**31 or batch * cmax >= 2**31:
+    if batch * S * bins[0] >= 2**31 or batch * cmax >= 2**31:
         raise ValueError(f"logits: {batch} rows x {S} chunks of {chunk} overflow the sampler's "
                          f"int32 workspace offsets; sample fewer rows per call")
     block_s = max(16, triton.next_power_of_2(S))
     f32 = dict(dtype=torch.float32, device=dev)
     i32 = dict(dtype=torch.int32, device=dev)
     part = torch.empty(batch, S, 4, **f32)
-    cnt = torch.empty(batch, S, NB, **i32)
+    nb, per_unit = bins
+    cnt = torch.empty(batch, S, nb, **i32)
     plan = torch.empty(batch, 2, **i32)
     stat = torch.empty(batch, 4, **f32)
     off = torch.empty(batch, S, **i32)
@@ -352,13 +355,13 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     ri = torch.empty(batch, S, **i32)
     stride = logits.stride(0)
     grid2 = (batch, S)
-    _stats_hist[grid2](logits, temperature, part, cnt, vocab, stride, S, CHUNK=chunk, NB=NB,
-                       BINS_PER_UNIT=BINS_PER_UNIT, num_warps=8)
+    _stats_hist[grid2](logits, temperature, part, cnt, vocab, stride, S, CHUNK=chunk, NB=nb,
+                       BINS_PER_UNIT=per_unit, num_warps=8)
     _plan[(batch,)](part, cnt, temperature, top_k, top_p, min_p, plan, stat, off, vocab, S,
-                    CHUNK=chunk, NB=NB, BINS_PER_UNIT=BINS_PER_UNIT, BLOCK_S=block_s,
+                    CHUNK=chunk, NB=nb, BINS_PER_UNIT=per_unit, BLOCK_S=block_s,
                     CMAX=cmax, num_warps=8)
     _compact[grid2](logits, temperature, stat, plan, off, cs, ci, vocab, stride, S,
-                    CHUNK=chunk, NB=NB, BINS_PER_UNIT=BINS_PER_UNIT, CMAX=cmax, num_warps=8)
+                    CHUNK=chunk, NB=nb, BINS_PER_UNIT=per_unit, CMAX=cmax, num_warps=8)
     _finish[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, stat, plan, cs,
                       ci, thr, tok, lp, vocab, stride, CMAX=cmax, C_SMALL=min(C_SMALL, cmax),
                       BLOCK=chunk, num_warps=16)
