@@ -1,6 +1,10 @@
-"""Triton fp8 quantizers vs the reference (interpreter on CPU, the GPU with -m gpu): scales
-and e4m3 codes equal value for value (IEEE divisions on both sides); the fused SiLU-and-mul
-within one e4m3 step (its exp is the hardware's)."""
+"""Triton fp8 quantizers vs the reference (interpreter on CPU, the GPU with -m gpu).
+
+The kernels divide IEEE-exactly (div_rn). On CUDA, torch divides a tensor by a Python scalar
+as a multiply by its reciprocal, so the reference's scale (amax / 448) can be one fp32 ulp off
+the exact quotient there: scales are compared to 1 ulp, and the e4m3 codes exactly against
+x / scale computed by torch from the kernel's own scales (a tensor / tensor division, IEEE on
+both devices). The fused SiLU-and-mul within one e4m3 step (its exp is the hardware's)."""
 from __future__ import annotations
 
 import pytest
@@ -25,21 +29,31 @@ def _x(m, k, dtype, device, seed, scale=3.0):
     return x.to(device, dtype)
 
 
+def _codes_from(x: torch.Tensor, scale_full: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale_full).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def _scales_close(s: torch.Tensor, rs: torch.Tensor) -> None:
+    torch.testing.assert_close(s, rs, rtol=1.2e-7, atol=0)
+
+
 def _same_fp8(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.dtype == want.dtype == torch.float8_e4m3fn and got.shape == want.shape
     bad = got.view(torch.uint8) != want.view(torch.uint8)
     assert not bad.any(), f"{int(bad.sum())} codes differ, first at {bad.nonzero()[:3].tolist()}"
 
 
-@settings(max_examples=10 if not ON_GPU else 30, deadline=None)
+@settings(max_examples=10 if not ON_GPU else 16, deadline=None)
 @given(m=st.integers(1, 40), k=st.integers(1, 700), group=st.sampled_from([16, 64, 128]),
        dtype=st.sampled_from(IN_DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_per_token_group(kernel_device, m, k, group, dtype, seed):
     x = _x(m, k, dtype, kernel_device, seed)
     q, s = gemm.quantize_fp8_per_token_group(x, group, backend="triton")
     rq, rs = ref.quantize_fp8_per_token_group(x, group)
-    torch.testing.assert_close(s, rs, rtol=0, atol=0)
-    _same_fp8(q, rq)
+    _scales_close(s, rs)
+    _same_fp8(q, _codes_from(x, s.repeat_interleave(group, 1)[:, :k]))
+    if kernel_device == "cpu":
+        _same_fp8(q, rq)
 
 
 def test_per_token_group_zero_rows_use_eps(kernel_device):
@@ -48,14 +62,14 @@ def test_per_token_group_zero_rows_use_eps(kernel_device):
     assert torch.all(s == 1e-10 / 448.0) and torch.all(q.float() == 0)
 
 
-@settings(max_examples=8 if not ON_GPU else 25, deadline=None)
+@settings(max_examples=8 if not ON_GPU else 15, deadline=None)
 @given(m=st.integers(1, 24), i=st.integers(1, 400), group=st.sampled_from([64, 128]),
        dtype=st.sampled_from(IN_DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_silu_and_mul_quantize(kernel_device, m, i, group, dtype, seed):
     x = _x(m, 2 * i, dtype, kernel_device, seed, scale=2.0)
     q, s = gemm.silu_and_mul_quantize_fp8(x, group, backend="triton")
     rq, rs = ref.silu_and_mul_quantize_fp8(x, group)
-    torch.testing.assert_close(s, rs, rtol=2e-6, atol=0)
+    torch.testing.assert_close(s, rs, rtol=2e-6, atol=0)  # exp rounding, then 1 ulp
     # dequantized: one e4m3 step (2^-3 relative) at most, where the exp rounds differently
     deq = q.float() * s.repeat_interleave(group, 1)[:, :i]
     rdeq = rq.float() * rs.repeat_interleave(group, 1)[:, :i]
@@ -66,7 +80,7 @@ def test_silu_and_mul_quantize(kernel_device, m, i, group, dtype, seed):
     assert_close(deq, torch.nn.functional.silu(g) * u, dtype=torch.float8_e4m3fn)
 
 
-@settings(max_examples=8 if not ON_GPU else 25, deadline=None)
+@settings(max_examples=8 if not ON_GPU else 15, deadline=None)
 @given(m=st.integers(1, 30), k=st.integers(1, 1500), dtype=st.sampled_from(IN_DTYPES),
        seed=st.integers(0, 2**31 - 1))
 def test_per_channel(kernel_device, m, k, dtype, seed):
@@ -74,11 +88,13 @@ def test_per_channel(kernel_device, m, k, dtype, seed):
     q, s = gemm.quantize_fp8_per_channel(x, backend="triton")
     rq, rs = ref.quantize_fp8_per_channel(x)
     assert s.shape == (m, 1)
-    torch.testing.assert_close(s, rs, rtol=0, atol=0)
-    _same_fp8(q, rq)
+    _scales_close(s, rs)
+    _same_fp8(q, _codes_from(x, s))
+    if kernel_device == "cpu":
+        _same_fp8(q, rq)
 
 
-@settings(max_examples=8 if not ON_GPU else 25, deadline=None)
+@settings(max_examples=8 if not ON_GPU else 15, deadline=None)
 @given(m=st.integers(1, 30), k=st.integers(1, 1500), dtype=st.sampled_from(IN_DTYPES),
        static=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_per_tensor(kernel_device, m, k, dtype, static, seed):
@@ -87,8 +103,10 @@ def test_per_tensor(kernel_device, m, k, dtype, static, seed):
     q, s = gemm.quantize_fp8_per_tensor(x, scale, backend="triton")
     rq, rs = ref.quantize_fp8_per_tensor(x, scale)
     assert s.shape == ()
-    torch.testing.assert_close(s, rs, rtol=0, atol=0)
-    _same_fp8(q, rq)
+    _scales_close(s, rs)
+    _same_fp8(q, _codes_from(x, s))
+    if kernel_device == "cpu":
+        _same_fp8(q, rq)
 
 
 @pytest.mark.parametrize("op", ["quantize_fp8_per_token_group", "silu_and_mul_quantize_fp8"])

@@ -31,7 +31,7 @@ def _workspace_clean(device) -> None:
     assert int(cnt.abs().sum()) == 0 and float(ws.abs().sum()) == 0.0
 
 
-@settings(max_examples=12 if not ON_GPU else 40, deadline=None)
+@settings(max_examples=12 if not ON_GPU else 24, deadline=None)
 @given(m=st.integers(1, MAX_MN), n=st.integers(1, MAX_MN), k=st.integers(1, MAX_K),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_mm_triton(kernel_device, m, n, k, dtype, seed):
@@ -58,7 +58,7 @@ def test_mm_persistent_both_load_paths(kernel_device, m, n, k, tma):
     assert_close(out, ref.mm(a.double(), b.double()), baseline=ref.mm(a, b), name="mm")
 
 
-@settings(max_examples=12 if not ON_GPU else 40, deadline=None)
+@settings(max_examples=12 if not ON_GPU else 24, deadline=None)
 @given(m=st.integers(1, 16), n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K),
        dtype=st.sampled_from(DTYPES), residual=st.booleans(),
        out_dtype=st.sampled_from([None, torch.float32]), seed=st.integers(0, 2**31 - 1))
@@ -94,7 +94,7 @@ def test_gemv_non_contiguous_operands(kernel_device):
     assert_close(c, ref.mm(a.double(), b[::2].double()), baseline=ref.mm(a, b[::2]))
 
 
-@settings(max_examples=10 if not ON_GPU else 30, deadline=None)
+@settings(max_examples=10 if not ON_GPU else 16, deadline=None)
 @given(m=st.sampled_from([1, 3, 16, 17, 40, 64, 65, 130] if ON_GPU else [1, 3, 17, 64, 65]),
        n=st.integers(1, 3 * 128 if ON_GPU else 200), k=st.integers(1, 1200 if ON_GPU else 300),
        out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
@@ -107,9 +107,10 @@ def test_fp8_block_mm_triton(kernel_device, m, n, k, out_dtype, seed):
     qb, sb = ref.quantize_fp8_block(w)
     c = tskernels.gemm.fp8_block_mm(qa, sa, qb, sb, out_dtype=out_dtype, backend="triton")
     want = ref.fp8_block_mm(qa, sa.double(), qb, sb.double(), out_dtype=torch.float64)
-    # the fp8 operands are exact, so the bound is the output dtype's (fp32 sums of fp8 products)
-    assert_close(c, want, dtype=out_dtype, baseline=ref.fp8_block_mm(qa, sa, qb, sb,
-                                                                      out_dtype=out_dtype))
+    # the fp8 operands are exact; Hopper's fp8 MMA adds its products with fewer than fp32's
+    # mantissa bits (about 22), so even an fp32 output is held to bf16's bound
+    assert_close(c, want, dtype=torch.bfloat16,
+                 baseline=ref.fp8_block_mm(qa, sa, qb, sb, out_dtype=out_dtype))
     _workspace_clean(kernel_device)
 
 

@@ -10,7 +10,7 @@ N side; the weight tiles stream through a cp.async / TMA-style software pipeline
 When N alone gives too few programs (a 4096-row projection is 64 tiles of 64 rows on 132
 SMs) the K range is split over a second grid axis. The partial sums are added with fp32
 atomics into a per-device workspace; the program that arrives last at a tile (a per-tile
-arrival counter) reads the sum, applies the epilogue (optional residual add, dtype cast),
+arrival counter) takes the sum (an atomic exchange with zero), applies the epilogue (optional residual add, dtype cast),
 writes c and zeroes its slice of the workspace and its counter, so the next call finds them
 clean. One kernel launch, no host sync, graph-capturable. Because the fp32 partials are
 added in arrival order, split launches are not bitwise deterministic run to run (the splits
@@ -86,8 +86,12 @@ def _stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr,
         tl.debug_barrier()
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         if arrived == tl.num_programs(1) - 1:
-            acc = tl.load(tile, mask=mask2, other=0.0, cache_modifier=".cg")
-            tl.store(tile, tl.zeros((BN, MP), dtype=tl.float32), mask=mask2)
+            # read and re-zero in one L2 atomic: a load and a zeroing store would be issued
+            # by different threads of this program (different layouts) and could cross
+            # (on the int32 view of the bits: the interpreter exchanges integers only)
+            bits = ws_ptr.to(tl.pointer_type(tl.int32)) + offs_m[None, :] * N + offs_n[:, None]
+            acc = tl.atomic_xchg(bits, tl.zeros((BN, MP), dtype=tl.int32), mask=mask2,
+                                 sem="relaxed").to(tl.float32, bitcast=True)
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
             _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, HAS_RES)
     else:
