@@ -59,6 +59,7 @@ class GenerateSpec:
     response_schema: object = None                   # JSON schema the output must match
     grammar: str | None = None                       # llguidance grammar (set by routes)
     prompt_tail: str = ""                            # chat: the rendered prompt's end
+    chat_template_kwargs: dict = field(default_factory=dict)   # extension, e.g. enable_thinking
 
 
 class _Fields:
@@ -217,8 +218,9 @@ def parse_chat(body) -> GenerateSpec:
     elif top is not None:
         raise bad("top_logprobs", "'top_logprobs' requires 'logprobs': true")
     spec.messages = _messages(body.get("messages"))
-    from serve.api.tools import parse_tools
+    from serve.api.tools import parse_template_kwargs, parse_tools
     spec.tools = parse_tools(body)
+    spec.chat_template_kwargs = parse_template_kwargs(body)
     if spec.tools is not None and spec.response_schema is not None and spec.tools.choice != "none":
         raise bad("response_format", "'response_format' cannot be combined with 'tools' "
                   "(unless 'tool_choice' is 'none')")

@@ -136,7 +136,8 @@ def _completion_prompt(tokenizer, prompt) -> list[int]:
 
 
 def _chat_prompt(tokenizer, spec: GenerateSpec) -> list[int]:
-    text = render_chat(tokenizer, spec.messages, spec.tools)   # 400 when the template refuses
+    text = render_chat(tokenizer, spec.messages, spec.tools,   # 400 when the template refuses
+                       spec.chat_template_kwargs)
     spec.prompt_tail = text[-64:]   # reasoning parsers look for a <think> the template opened
     return tokenizer.encode(text, add_special_tokens=False)
 

@@ -120,6 +120,25 @@ def parse_response_format(body: dict) -> dict | None:
     return schema
 
 
+_RESERVED_TEMPLATE_ARGS = {"messages", "conversation", "tools", "documents", "tokenize",
+                           "add_generation_prompt", "continue_final_message", "chat_template"}
+
+
+def parse_template_kwargs(body: dict) -> dict:
+    """`chat_template_kwargs` (vLLM's extension): extra variables for the chat template, such
+    as Qwen3's `enable_thinking`; plain JSON values, names the server sets itself refused."""
+    v = body.get("chat_template_kwargs")
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k.isidentifier() for k in v):
+        raise bad("chat_template_kwargs", "'chat_template_kwargs' must be an object whose keys "
+                  "are template variable names")
+    clash = sorted(set(v) & _RESERVED_TEMPLATE_ARGS)
+    if clash:
+        raise bad("chat_template_kwargs", f"'chat_template_kwargs' cannot set {clash}")
+    return v
+
+
 # ---- messages ---------------------------------------------------------------------------------
 def message_tool_fields(m: dict, param: str) -> dict:
     """The tool fields of one request message, validated, in the shape HF chat templates use
@@ -190,14 +209,15 @@ def _as_hermes_text(messages: list[dict], tools: list[dict] | None) -> list[dict
     return out
 
 
-def render_chat(tokenizer, messages: list[dict], tools: ToolRequest | None) -> str:
+def render_chat(tokenizer, messages: list[dict], tools: ToolRequest | None,
+                template_kwargs: dict | None = None) -> str:
     """The prompt text: messages (and the offered tools, unless tool_choice is 'none')."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad("messages", "this model has no chat template; use /v1/completions")
     offered = tools.tools if tools is not None and tools.choice != "none" else None
     messages = [dict(m) for m in messages]
     _link_tool_names(messages)
-    kwargs = {}
+    kwargs = dict(template_kwargs or {})
     if template_knows_tools(tokenizer):
         if offered:
             kwargs["tools"] = offered

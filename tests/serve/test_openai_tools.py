@@ -179,6 +179,8 @@ def test_llama3_json_calls(llama_client):
     (dict(modalities=["text", "audio"]), "modalities"),
     (dict(store=True), "store"),
     (dict(reasoning_effort="high"), "reasoning_effort"),
+    (dict(extra_body={"chat_template_kwargs": {"tools": []}}), "chat_template_kwargs"),
+    (dict(extra_body={"chat_template_kwargs": [1]}), "chat_template_kwargs"),
 ])
 def test_rejections_name_the_parameter(client, kw, param):
     with pytest.raises(openai.BadRequestError) as e:
@@ -196,5 +198,6 @@ def test_completions_reject_tools(client):
 def test_ignored_fields_are_accepted(client):
     r = client.chat.completions.create(model="fake-model", messages=_ask("ok"), max_tokens=5,
                                        user="u1", metadata={"k": "v"}, store=False,
-                                       parallel_tool_calls=True, service_tier="auto")
+                                       parallel_tool_calls=True, service_tier="auto",
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert r.choices[0].message.content == "ok"
