@@ -69,12 +69,16 @@ def bins() -> dict:
             gen = torch.Generator(device="cuda").manual_seed(0)
             sets = [cases._make({"B": b, "V": cases.V, **kw}, "cuda", gen) for _ in range(2)]
             want = ts.run(sets[0]["logits"], **cases._params(sets[0])).token_ids
-            for nb in ((256, 8.0), (128, 4.0), (64, 4.0), (32, 2.0)):
-                fn = lambda d, nb=nb: ts.run(d["logits"], **cases._params(d), bins=nb)  # noqa: E731
+            # (bins, bins per unit, candidate buffer): benchmarks/sampling_plan_sim.py says
+            # why finer bins and a larger buffer are what top-p alone needs
+            for nb, unit, cmax in ((256, 8.0, 2048), (256, 16.0, 2048), (256, 16.0, 8192),
+                                   (512, 32.0, 4096), (64, 4.0, 2048)):
+                fn = lambda d, nb=nb, unit=unit, cmax=cmax: ts.run(  # noqa: E731
+                    d["logits"], **cases._params(d), bins=(nb, unit), cmax=cmax)
                 same = bool(torch.equal(fn(sets[0]).token_ids, want))
                 us = statistics.median(time_fn(fn, sets, "cuda", iters=40, graph=True))
-                rows.append({"B": b, "mix": name, "bins": nb, "us": round(us, 2),
-                             "same_tokens": same})
+                rows.append({"B": b, "mix": name, "bins": [nb, unit], "cmax": cmax,
+                             "us": round(us, 2), "same_tokens": same})
                 print(rows[-1], flush=True)
     return {"rows": rows}
 
