@@ -21,7 +21,9 @@ as `waves_per_eu`, `matrix_instr_nonkdim` and `kpack`.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
+import textwrap
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -130,22 +132,39 @@ def _normalized(src: str) -> str:
     return "\n".join(out)
 
 
+def _src_and_globals(fn) -> tuple[str | None, dict]:
+    """(source, globals) of a Triton JITFunction, or of an interpreter-wrapped one (whose
+    plain Python function is `fn.fn`)."""
+    src = getattr(fn, "src", None)
+    if src is not None:
+        return src, getattr(fn, "__globals__", {}) or {}
+    inner = getattr(fn, "fn", None)
+    if inner is not None and hasattr(inner, "__code__"):
+        try:
+            text = inspect.getsource(inner)
+        except (OSError, TypeError):
+            return None, {}
+        # drop the decorator lines: the JIT's `src` starts at the def
+        match = re.search(r"^\s*def\s", text, re.M)
+        return textwrap.dedent(text[match.start():] if match else text), inner.__globals__
+    return None, {}
+
+
 def jit_source(fn, _depth: int = 3, _seen: set | None = None) -> str:
     """The normalized source of a `@triton.jit` function and of the jit functions it calls
-    (by name, through its globals, `_depth` levels deep). Duck-typed: anything with `src`
-    and `__globals__` (a Triton JITFunction); this package does not import triton."""
+    (by name, through its globals, `_depth` levels deep); the same text whether Triton compiles
+    or interprets (TRITON_INTERPRET=1). Duck-typed: this package does not import triton."""
     seen = _seen if _seen is not None else set()
-    src = getattr(fn, "src", None)
+    src, glb = _src_and_globals(fn)
     if src is None or id(fn) in seen:
         return ""
     seen.add(id(fn))
     parts = [_normalized(src)]
     if _depth > 0:
-        names = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", src))
-        glb = getattr(fn, "__globals__", {}) or {}
-        for name in sorted(names):
+        for name in sorted(set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", src))):
             dep = glb.get(name)
-            if dep is not None and dep is not fn and hasattr(dep, "src") and hasattr(dep, "__globals__"):
+            if dep is not None and dep is not fn and _src_and_globals(dep)[0] is not None \
+                    and not isinstance(dep, type) and not callable(getattr(dep, "__code__", None)):
                 parts.append(jit_source(dep, _depth - 1, seen))
     return "\n".join(p for p in parts if p)
 

@@ -1,4 +1,5 @@
-"""Turn measured launch-config sweeps into the tables autotune ships (autotune/tables/).
+"""Lab script: turn measured launch-config sweeps into the tables autotune ships (autotune/tables/).
+(New tables come from `python -m autotune tune`; this converts the older sweep files.)
 
     python benchmarks/ship_tuned_tables.py   # reads the sweeps in SWEEPS
 
@@ -16,8 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from autotune import Entry, Table, bucket_str, current_versions
 from autotune.cache import SHIPPED
-from tskernels.ops.attention.triton_decode import TUNE_KERNEL, tune_key
+from tskernels.ops.attention.triton_decode import SPACE, TUNE_KERNEL, tune_problem
 
 ROOT = Path(__file__).resolve().parent
 SWEEPS = [ROOT / "results" / "h200" / name for name in (
@@ -40,20 +42,19 @@ def main() -> None:
             if "ptp" not in form or ("q_fp8x2" in form) != bool(s.get("fp8")) \
                     or not form <= {"base", "q_fp8x2", "ptp", "pdl"}:
                 continue
-            key = tune_key(D, "fp8" if s.get("fp8") else "bf16", HQ // HKV, s["B"] * HKV,
-                           s["L"])
+            key = bucket_str(SPACE.bucket(tune_problem(D, "fp8" if s.get("fp8") else "bf16",
+                                                       HQ // HKV, s["B"] * HKV, s["L"])))
             if key not in best or row["us"] < best[key]["us"]:
                 best[key] = dict(row, source=f"benchmarks/results/h200/{sweep.name}")
     path = SHIPPED / "nvidia-h200.json"
-    table = json.loads(path.read_text()) if path.exists() else {}
-    table[TUNE_KERNEL] = {
-        k: {"num_splits": r["splits"], "block_n": r["block_n"], "num_warps": r["warps"],
-            "num_stages": r["stages"], "measured_us": round(r["us"], 1),
-            "source": r["source"]}
-        for k, r in sorted(best.items())}
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    table = Table.load(path, "nvidia-h200")
+    for bucket, r in sorted(best.items()):
+        table.put(Entry(TUNE_KERNEL, bucket, {"num_splits": r["splits"], "block_n": r["block_n"],
+                                              "num_warps": r["warps"], "num_stages": r["stages"]},
+                        us=round(r["us"], 1), source_hash=SPACE.source_hash(),
+                        versions=dict(current_versions()), evidence=r["source"]))
+    table.save()
     print(f"wrote {len(best)} entries for {TUNE_KERNEL} to {path}")
-
 
 if __name__ == "__main__":
     main()

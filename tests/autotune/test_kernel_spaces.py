@@ -10,7 +10,7 @@ from autotune import Target, jit_source, spaces
 
 DECLARED = sorted(spaces())
 # Kernels the tuning issue lists; each must declare a space.
-REQUIRED = ("norm.rmsnorm.triton", "rope.apply_rope.triton", "activation.silu_and_mul.triton")
+REQUIRED = ("attention.decode.triton", "norm.rmsnorm.triton", "rope.apply_rope.triton", "activation.silu_and_mul.triton")
 
 
 def test_required_kernels_declare_spaces():

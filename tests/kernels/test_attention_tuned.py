@@ -4,10 +4,12 @@ the interpreter on CPU and on the GPU in the GPU tier)."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
 
+from autotune import Lookup, StaleTableWarning, Table, Tables, parse_bucket
 from autotune.cache import SHIPPED
 from tskernels.numerics import assert_close
 from tskernels.ops.attention.triton_decode import TUNE_KERNEL, DecodePlan
@@ -18,11 +20,23 @@ try:
 except ImportError:
     from test_attention_common import make_paged, q_dtypes, ref_decode
 
-ENTRIES = sorted({json.dumps({k: v for k, v in cfg.items()
+ENTRIES = sorted({json.dumps({k: v for k, v in e.config.items()
                               if k in ("num_splits", "block_n", "num_warps", "num_stages")},
-                             sort_keys=True) + ("|fp8" if "-fp8-" in key else "|bf16")
+                             sort_keys=True) + "|" + parse_bucket(e.bucket)["kv"]
                   for table in SHIPPED.glob("*.json")
-                  for key, cfg in json.loads(table.read_text()).get(TUNE_KERNEL, {}).items()})
+                  for e in Table.load(table).for_kernel(TUNE_KERNEL)})
+
+
+def test_shipped_entries_are_current():
+    """The shipped entries match the kernel's source and this Triton: a kernel change that was
+    not re-tuned (python -m autotune tune attention.decode) fails here, not silently at run time."""
+    import tskernels.ops.attention.triton_decode as td
+    src = td.SPACE.source_hash()
+    for table in SHIPPED.glob("*.json"):
+        for e in Table.load(table).for_kernel(TUNE_KERNEL):
+            assert e.source_hash == src, (table.name, e.bucket, e.source_hash, src)
+            assert e.versions.get("triton") in (None, __import__("triton").__version__), e.versions
+    assert ENTRIES
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -51,9 +65,13 @@ def test_plan_picks_up_shipped_entry(monkeypatch):
 
     seen = {}
 
+    from autotune import Choice, bucket_str
+
     def fake_tuned(device, head_dim, kv_dtype, group, bh, max_len):
-        seen["key"] = td.tune_key(head_dim, "bf16", group, bh, max_len)
-        return {"num_splits": 5, "block_n": 32, "num_warps": 4, "num_stages": 2}
+        seen["key"] = bucket_str(td.SPACE.bucket(td.tune_problem(head_dim, "bf16", group, bh,
+                                                                 max_len)))
+        return Choice({"num_splits": 5, "block_n": 32, "num_warps": 4, "num_stages": 2},
+                      "exact", td.TUNE_KERNEL, seen["key"], "nvidia-h200")
 
     monkeypatch.setattr(td, "_tuned", fake_tuned)
     pt = torch.zeros(16, 256, dtype=torch.int32)
@@ -61,4 +79,18 @@ def test_plan_picks_up_shipped_entry(monkeypatch):
                       head_dim=128, page_size=16, q_dtype=torch.float16,
                       kv_dtype=torch.float16, scale=0.1)
     assert (plan.num_splits, plan.block_n, plan.num_stages) == (5, 32, 2)
-    assert seen["key"] == "d128-bf16-g4-bh128-L4096"
+    assert seen["key"] == "L=4096,bh=128,d=128,g=4,kv=bf16"
+    assert plan.tuned_from == "exact" and "tuned_from='exact'" in repr(plan)
+
+
+def test_h200_entries_serve_an_h100_through_the_family():
+    """A simulated H100 has no table: the H200's entries reach it through the hopper family."""
+    import tskernels.ops.attention.triton_decode as td
+    look = Lookup(Tables(SHIPPED / "_no_user_dir_", SHIPPED))
+    prob = td.tune_problem(128, "bf16", 4, 512, 4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleTableWarning)
+        got = look.choose(td.SPACE, prob, "nvidia-h100-80gb-hbm3", record=False)
+        assert got.link == "family:nvidia-h200" and got.config["num_splits"] == 1
+        assert look.choose(td.SPACE, prob, "nvidia-h200", record=False).link == "exact"
+    assert look.choose(td.SPACE, prob, "amd-mi300x", record=False).link == "heuristic"

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import torch
 import triton
-from autotune import default_store, device_key, pow2_bucket
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+
+from ... import tuning
 from ...compile import CompileCase
 from ...platform import platform_of
 from ...plan import PlanBase
@@ -228,20 +230,72 @@ def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]
 TUNE_KERNEL = "attention.decode.triton"
 
 
-def tune_key(head_dim: int, kv: str, group: int, batch_x_kv_heads: int, max_seq_len: int) -> str:
-    """The autotune problem key of a decode batch: power-of-two buckets of the program count
-    and the longest sequence, so nearby batches share a tuned entry."""
-    return (f"d{head_dim}-{kv}-g{group}-bh{pow2_bucket(batch_x_kv_heads)}"
-            f"-L{pow2_bucket(max_seq_len)}")
+def tune_problem(head_dim: int, kv: str, group: int, batch_x_kv_heads: int,
+                 max_seq_len: int) -> dict:
+    return {"d": head_dim, "kv": kv, "g": group, "bh": batch_x_kv_heads, "L": max_seq_len}
 
 
-def _tuned(device, head_dim, kv_dtype, group, batch_x_kv_heads, max_seq_len) -> dict | None:
-    """A shipped/user-tuned config for this bucket on this device, if one was measured."""
+def _prune(cfg: dict, p, target) -> str | None:
+    block_d = triton.next_power_of_2(max(p["d"], 16))
+    kv_bytes = 1 if p["kv"] == "fp8" else 2
+    smem = cfg["num_stages"] * cfg["block_n"] * block_d * 2 * kv_bytes
+    if smem > target.smem_bytes:
+        return f"{smem} B of K/V stages exceed {target.smem_bytes} B"
+    if cfg["num_splits"] > 1 and cfg["num_splits"] * cfg["block_n"] > p["L"]:
+        return "more splits than key tiles"
+    if p["kv"] == "fp8" and cfg["block_n"] < 32:
+        return "e4m3 dots need >= 32 keys per tile"
+    return None
+
+
+def _runner(p, device):
+    from tskernels_ref.attention import decode as ref_decode
+
+    from ...testing.problems import paged_kv
+    hkv = 8 if p["bh"] >= 8 else p["bh"]
+    batch, hq = max(1, p["bh"] // hkv), hkv * p["g"]
+    fp8 = p["kv"] == "fp8"
+    # bf16 as served; fp16 where Triton only interprets (bf16 is not exact there)
+    dt = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
+    kv = paged_kv([p["L"]] * batch, 16, hkv, p["d"], dt, device,
+                  kv_dtype=torch.float8_e4m3fn if fp8 else None, permute=True)
+    q = torch.randn(batch, hq, p["d"], device=device, dtype=dt)
+    scales = dict(k_scale=kv.k_scale, v_scale=kv.v_scale) if fp8 else {}
+
+    def launch(cfg, _inputs):
+        plan = DecodePlan(kv.page_table, kv.seq_lens, num_q_heads=hq, num_kv_heads=hkv,
+                          head_dim=p["d"], page_size=16, q_dtype=q.dtype, kv_dtype=kv.k_cache.dtype,
+                          scale=p["d"] ** -0.5, max_seq_len=p["L"], **cfg)
+        return plan.run(q, kv.k_cache, kv.v_cache, **scales)
+
+    def reference(_inputs):
+        return ref_decode(q.double(), kv.k_cache.double() if not fp8 else kv.k_cache, kv.v_cache.double()
+                          if not fp8 else kv.v_cache, kv.page_table, kv.seq_lens, **scales)
+    return tuning.TensorRunner(lambda d: (), launch, reference, device, rotate=False)
+
+
+# Launch configs of the decode kernel, tuned per bucket of (head dim, KV format, GQA group,
+# batch x KV heads, longest sequence); {} leaves every choice to the plan (split policy and
+# _launch_config) when no table entry applies.
+SPACE = declare(KernelSpace(
+    TUNE_KERNEL,
+    Space(block_n=[16, 32, 64, 128], num_warps=[2, 4, 8], num_stages=[2, 3, 4],
+          num_splits=[1, 2, 4, 8, 16, 32]),
+    key=lambda p: {"d": p["d"], "kv": p["kv"], "g": p["g"], "bh": pow2_bucket(p["bh"]),
+                   "L": pow2_bucket(p["L"])},
+    heuristic=lambda p: {}, prune=_prune, source=lambda: jit_source(_decode_kernel),
+    runner=_runner, parse=tuning.parse_shape,
+    example={"d": 128, "kv": "bf16", "g": 4, "bh": 512, "L": 4096}))
+
+
+def _tuned(device, head_dim, kv_dtype, group, batch_x_kv_heads, max_seq_len):
+    """The tuned config for this bucket on this device through the lookup chain (None off
+    CUDA: the interpreter and CPU use the plan's own choices)."""
     if device.type != "cuda":
         return None
     kv = "fp8" if kv_dtype.itemsize == 1 else "bf16"
-    return default_store().get(TUNE_KERNEL, device_key(device),
-                               tune_key(head_dim, kv, group, batch_x_kv_heads, max_seq_len))
+    return tuning.choice(SPACE, tune_problem(head_dim, kv, group, batch_x_kv_heads,
+                                             max_seq_len), device)
 
 
 class DecodePlan(PlanBase):
@@ -253,7 +307,7 @@ class DecodePlan(PlanBase):
 
     KERNEL = "attention.decode.triton"
     REPR_FIELDS = ("batch", "hq", "hkv", "d", "page_size", "num_splits", "block_n",
-                   "num_warps", "num_stages", "keys_m", "fused_merge", "pdl")
+                   "num_warps", "num_stages", "keys_m", "fused_merge", "pdl", "tuned_from")
 
     def __init__(self, page_table, seq_lens, *, num_q_heads, num_kv_heads, head_dim,
                  page_size, q_dtype, kv_dtype, scale, sliding_window=None, softcap=None,
@@ -270,8 +324,10 @@ class DecodePlan(PlanBase):
             max_seq_len = page_table.shape[1] * page_size
         if sliding_window:
             max_seq_len = min(max_seq_len, sliding_window)
-        tuned = _tuned(dev, head_dim, kv_dtype, self.group, self.batch * num_kv_heads,
-                       max_seq_len) or {}
+        choice = _tuned(dev, head_dim, kv_dtype, self.group, self.batch * num_kv_heads,
+                        max_seq_len)
+        tuned = choice.config if choice is not None else {}
+        self.tuned_from = choice.link if choice is not None else "heuristic"
         bn, nw, ns = _launch_config(head_dim, kv_dtype)
         self.block_n = block_n or tuned.get("block_n", bn)
         self.num_warps = num_warps or tuned.get("num_warps", nw)
