@@ -13,7 +13,12 @@ from serve.api.tool_parsers import make_parser
 
 class ChatOutput:
     def __init__(self, reasoning_parser: str | None = None, prompt_text: str = "",
-                 tool_parser: str | None = None, tool_names: set[str] | None = None):
+                 tool_parser: str | None = None, tool_names: set[str] | None = None,
+                 max_calls: int | None = None):
+        """max_calls: stop after this many tool calls (1 for parallel_tool_calls: false);
+        `done` turns true and the generation ends there, like at a stop string."""
+        self.max_calls = max_calls
+        self.done = False
         self.reasoning = ReasoningSplitter(reasoning_parser, prompt_text) \
             if reasoning_parser else None
         self.tools = make_parser(tool_parser, tool_names or set()) if tool_parser else None
@@ -24,6 +29,8 @@ class ChatOutput:
     def feed(self, text: str, final: bool = False) -> dict:
         """Delta fields for `text` (possibly empty while markers are incomplete)."""
         delta = {}
+        if self.done:
+            return delta
         content = text
         if self.reasoning is not None:
             thought, content = self.reasoning.feed(text, final)
@@ -32,6 +39,9 @@ class ChatOutput:
                 delta["reasoning_content"] = thought
         if self.tools is not None:
             content, calls = self.tools.feed(content, final)
+            if calls and self.max_calls is not None:
+                calls = calls[:self.max_calls - len(self.tool_calls)]
+                self.done = len(self.tool_calls) + len(calls) >= self.max_calls
             if calls:
                 first = len(self.tool_calls)
                 self.tool_calls += calls

@@ -148,6 +148,9 @@ class Generation:
             text += choice.stop.flush()
         choice.text += text
         fields = choice.chat_out.feed(text, finished) if choice.chat_out is not None else None
+        if fields is not None and choice.chat_out.done and not finished:
+            self._group.abort(choice.request_id)   # parallel_tool_calls: false, one call made
+            finished, reason = True, "stop"
         if finished:
             if choice.chat_out is not None:
                 reason = choice.chat_out.finish_reason(reason)

@@ -31,4 +31,5 @@ def chat_output_factory(state, spec: GenerateSpec):
     return partial(ChatOutput, reasoning_parser=state.reasoning_parser,
                    prompt_text=spec.prompt_tail,
                    tool_parser=state.tool_call_parser if tools is not None else None,
-                   tool_names=tools.names if tools is not None else None)
+                   tool_names=tools.names if tools is not None else None,
+                   max_calls=None if tools is None or tools.parallel else 1)

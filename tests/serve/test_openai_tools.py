@@ -84,6 +84,22 @@ def test_hermes_tool_calls_stream_and_not(client):
         [(c["name"], c["arguments"]) for c in calls]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_stops_after_one(client, stream):
+    kw = dict(model="fake-model", messages=_ask(HERMES + " and more text"), tools=TOOLS,
+              max_tokens=400, parallel_tool_calls=False)
+    if stream:
+        msg, finish, _ = _streamed(client, **kw)
+        calls = [(c["name"], json.loads(c["arguments"])) for c in msg["calls"]]
+        content = msg["content"]
+    else:
+        r = client.chat.completions.create(**kw)
+        finish, content = r.choices[0].finish_reason, r.choices[0].message.content
+        calls = [(c["name"], json.loads(c["arguments"])) for c in _calls(r.choices[0].message)]
+    assert finish == "tool_calls" and calls == [("get_weather", {"city": "Paris"})]
+    assert content == "Let me look."
+
+
 def test_text_that_is_not_a_call_stays_content(client):
     text = '<tool_call>{"name": "unknown_fn", "arguments": {}}</tool_call> and <tool_call'
     r = client.chat.completions.create(model="fake-model", messages=_ask(text), tools=TOOLS,
