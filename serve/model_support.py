@@ -85,6 +85,23 @@ def _absent(name, why):
     return check
 
 
+def _block_fp8(cfg):
+    """Unquantized, or DeepSeek-V3-style block fp8 (what moe.fused_experts and
+    gemm.fp8_block_mm compute); anything else would be served with other math."""
+    qc = getattr(cfg, "quantization_config", None)
+    if qc in (None, {}, []):
+        return None
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    bad = f"quantization_config={qc!r}: only block fp8 is supported"
+    if qc.get("quant_method") != "fp8" or list(qc.get("weight_block_size") or []) != [128, 128]:
+        return bad + " (quant_method 'fp8' with weight_block_size [128, 128])"
+    if qc.get("activation_scheme", "dynamic") != "dynamic":
+        return bad + " (dynamic per-token-group activation scales)"
+    if qc.get("fmt", "e4m3") != "e4m3":
+        return bad + " (e4m3 weights)"
+    return None
+
+
 def _layer_types(cfg):
     try:
         layer_windows(cfg)
@@ -118,8 +135,9 @@ SUPPORT_TABLE: tuple[Rule, ...] = (
     Rule(ALL_ARCHS, "partial_rotary_factor", "1.0 only", _partial_rotary),
     Rule(ALL_ARCHS, "rope_theta", "any", _ok),
     Rule(ALL_ARCHS, "tie_word_embeddings", "True / False", _ok),
-    Rule(ALL_ARCHS, "quantization_config", "none (unquantized weights only)",
-         _absent("quantization_config", "quantized checkpoints are not supported")),
+    Rule(ALL_ARCHS, "quantization_config", "none, or block fp8 (quant_method fp8, e4m3, "
+         "weight_block_size [128, 128], dynamic activations: weight_scale_inv checkpoints)",
+         _block_fp8),
     Rule(GQA_ARCHS, "num_key_value_heads", "any divisor of num_attention_heads (GQA / MQA)",
          _kv_heads),
     Rule(GQA_ARCHS, "head_dim", "any (default hidden_size / heads)", _ok),

@@ -1,5 +1,9 @@
 """Weights: a local HF directory (safetensors, with a progress bar) or random `dummy` weights.
 
+Block-fp8 configs (HF `quantization_config` quant_method "fp8", weight_block_size [128, 128]):
+the projections hold e4m3 weights and their float32 `weight_scale_inv` block scales, loaded as
+the checkpoint stores them; dummy weights are drawn and quantized the same way.
+
 Each HF tensor is copied into its parameter's rows (fused q|k|v, gate|up and stacked experts take
 several); the elements written are counted per parameter, and a model with a parameter (or part
 of one) that no checkpoint tensor wrote is refused.
@@ -22,9 +26,13 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
     checkpoint directory, or random weights when it is None."""
     with torch.device(device):
         model = cls(cfg, device=device, max_position=max_position)
+        block = fp8_block_size(cfg)
+        if block:
+            to_fp8(model, block, _not_converted(cfg))
     fp32 = getattr(model, "fp32_params", ())
     for name, p in model.named_parameters():
-        p.data = torch.empty_like(p, dtype=torch.float32 if name.endswith(fp32) else dtype)
+        dt = getattr(p, "fixed_dtype", None) or (torch.float32 if name.endswith(fp32) else dtype)
+        p.data = torch.empty_like(p, dtype=dt)
     if checkpoint is None:
         init_dummy(model, cfg, seed)
     else:
@@ -34,19 +42,88 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
     return model.eval()
 
 
+def fp8_block_size(cfg) -> int | None:
+    """The weight block of an HF block-fp8 config (`quantization_config` with quant_method
+    "fp8" and weight_block_size [b, b]), else None. serve.model_support refuses other
+    quantization configs before this runs."""
+    qc = getattr(cfg, "quantization_config", None)
+    if not qc:
+        return None
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    return int(qc["weight_block_size"][0])
+
+
+def _not_converted(cfg) -> tuple[str, ...]:
+    qc = getattr(cfg, "quantization_config", None) or {}
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    return tuple(qc.get("modules_to_not_convert") or ())
+
+
+def to_fp8(model, block: int, skip: tuple[str, ...] = ()) -> None:
+    """Give every projection of `model` block-fp8 weights (the HF fp8 checkpoint layout), as
+    the checkpoints quantize them: not the LM head, not the MoE routers (`.gate`), not the
+    modules the config lists in modules_to_not_convert."""
+    from .models.layers import Experts, Linear
+
+    for name, mod in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        hf = f"model.{name}"
+        if leaf in ("gate", "lm_head") or any(s in (name, hf) or hf.startswith(s + ".")
+                                              for s in skip):
+            continue
+        if isinstance(mod, (Linear, Experts)):
+            mod.to_fp8(block)
+
+
+def _init_fp8(model, std: float, gen_for) -> set[int]:
+    """Random fp8 weights: N(0, std) drawn in float32 one matrix at a time, quantized per
+    block (tskernels.gemm.quantize_fp8_block) into the weight and its scales. Returns the ids
+    of the parameters it wrote."""
+    import tskernels
+
+    from .models.layers import Experts, Linear
+
+    done: set[int] = set()
+
+    def fill(w, scale, block):
+        g = gen_for(w.device)
+        q, s = tskernels.gemm.quantize_fp8_block(
+            torch.empty(w.shape, device=w.device).normal_(0.0, std, generator=g), block)
+        w.copy_(q)
+        scale.copy_(s)
+
+    for mod in model.modules():
+        if isinstance(mod, Linear) and mod.weight_scale_inv is not None:
+            fill(mod.weight.data, mod.weight_scale_inv.data, mod.block)
+            done |= {id(mod.weight), id(mod.weight_scale_inv)}
+        elif isinstance(mod, Experts) and mod.w13_scale_inv is not None:
+            for e in range(mod.num_experts):
+                fill(mod.w13.data[e], mod.w13_scale_inv.data[e], mod.block)
+                fill(mod.w2.data[e], mod.w2_scale_inv.data[e], mod.block)
+            done |= {id(mod.w13), id(mod.w2), id(mod.w13_scale_inv), id(mod.w2_scale_inv)}
+    return done
+
+
 def init_dummy(model, cfg, seed: int) -> None:
-    """Random weights that keep activations well scaled: N(0, std) matrices, unit norms,
-    a zero routing bias. Drawn on the parameters' device (fast for 8B-size dummies)."""
+    """Random weights that keep activations well scaled: N(0, std) matrices (block-fp8
+    quantized for an fp8 config), unit norms, a zero routing bias. Drawn on the parameters'
+    device (fast for 8B-size dummies)."""
     std = float(getattr(cfg, "initializer_range", 0.02) or 0.02)
     gens = {}
+
+    def gen_for(device):
+        return gens.setdefault(device, torch.Generator(device=device).manual_seed(seed))
+
+    fp8_done = _init_fp8(model, std, gen_for)
     for name, p in model.named_parameters():
+        if id(p) in fp8_done:
+            continue
         if name.endswith("e_score_correction_bias"):
             p.data.zero_()
         elif p.dim() == 1:
             p.data.fill_(1.0)
         else:
-            gen = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
-            p.data.normal_(0.0, std, generator=gen)
+            p.data.normal_(0.0, std, generator=gen_for(p.device))
 
 
 def checkpoint_tensors(path: str):

@@ -54,7 +54,9 @@ class MLAttention(nn.Module):
 
     def absorb(self) -> None:
         """Split kv_b_proj into the per-head W_UK and W_UV used by the absorbed form."""
-        w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.kv_lora)
+        # the model's activation dtype (norm weights are never fp8)
+        w = self.kv_b_proj.dense_weight(self.kv_a_layernorm.weight.dtype)
+        w = w.view(self.num_heads, self.nope + self.v_dim, self.kv_lora)
         self.w_uk = w[:, :self.nope].contiguous()
         self.w_uv = w[:, self.nope:].contiguous()
 

@@ -15,8 +15,27 @@ import tskernels
 from . import bound_ops as ops
 
 
-def _param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+FP8 = torch.float8_e4m3fn
+
+
+def _param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
+    """A weight; `dtype` pins it (fp8 weights, their float32 scales) where the model's dtype
+    would otherwise be applied at build time (serve.weights.build_model)."""
+    p = nn.Parameter(torch.empty(*shape, dtype=dtype or torch.float32), requires_grad=False)
+    if dtype is not None:
+        p.fixed_dtype = dtype
+    return p
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _dequant_blocks(w: torch.Tensor, scale: torch.Tensor, block: int, dtype) -> torch.Tensor:
+    """[..., N, K] e4m3 with [..., ceil(N/b), ceil(K/b)] scales -> dtype (load-time glue)."""
+    n, k = w.shape[-2:]
+    s = scale.repeat_interleave(block, -2)[..., :n, :].repeat_interleave(block, -1)[..., :k]
+    return (w.float() * s).to(dtype)
 
 
 class Linear(nn.Module):
@@ -29,6 +48,8 @@ class Linear(nn.Module):
         outs = [out_features] if isinstance(out_features, int) else list(out_features)
         self.weight = _param(sum(outs), in_features)
         self.bias = _param(sum(outs)) if bias else None
+        self.weight_scale_inv = None  # float32 block scales once `to_fp8` ran
+        self.block = 0
         self.shards: dict[str, tuple[int, int]] = {}
         if shard_names:
             off = 0
@@ -36,8 +57,34 @@ class Linear(nn.Module):
                 self.shards[name] = (off, n)
                 off += n
 
+    def to_fp8(self, block: int) -> None:
+        """Block-fp8 weights in the HF fp8 layout: weight e4m3 [out, in], weight_scale_inv
+        float32 [ceil(out/block), ceil(in/block)] (dequant = weight * scale per block). forward
+        then quantizes x per 1 x block group and runs gemm.fp8_block_mm."""
+        n, k = self.weight.shape
+        for name, (off, rows) in self.shards.items():
+            if off % block or (rows % block and off + rows != n):
+                raise ValueError(f"fp8 weights: shard {name} (rows {off}..{off + rows}) of a "
+                                 f"fused projection does not fall on {block}-row scale blocks")
+        self.weight = _param(n, k, dtype=FP8)
+        self.weight_scale_inv = _param(_cdiv(n, block), _cdiv(k, block), dtype=torch.float32)
+        self.block = block
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in `dtype` (dequantized when fp8), for load-time transforms."""
+        if self.weight_scale_inv is None:
+            return self.weight.to(dtype)
+        return _dequant_blocks(self.weight, self.weight_scale_inv, self.block, dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = ops.mm(x, self.weight)
+        if self.weight_scale_inv is not None:
+            x2 = x.reshape(-1, x.shape[-1])
+            q, s = tskernels.gemm.quantize_fp8_per_token_group(x2, self.block)
+            y = tskernels.gemm.fp8_block_mm(q, s, self.weight, self.weight_scale_inv,
+                                            out_dtype=x.dtype, block=self.block)
+            y = y.view(*x.shape[:-1], y.shape[-1])
+        else:
+            y = ops.mm(x, self.weight)
         return y if self.bias is None else y + self.bias
 
 
@@ -80,15 +127,33 @@ class GatedMLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """E experts' SwiGLU weights stacked: w13 [E, 2I, H] (gate rows, then up), w2 [E, H, I]."""
+    """E experts' SwiGLU weights stacked: w13 [E, 2I, H] (gate rows, then up), w2 [E, H, I];
+    after `to_fp8`, e4m3 with float32 block scales w13_scale_inv [E, 2I/b, ceil(H/b)] and
+    w2_scale_inv [E, ceil(H/b), I/b] (each HF expert's weight_scale_inv stacked)."""
 
     def __init__(self, num_experts: int, hidden: int, inter: int):
         super().__init__()
-        self.num_experts, self.inter = num_experts, inter
+        self.num_experts, self.inter, self.hidden = num_experts, inter, hidden
         self.w13 = _param(num_experts, 2 * inter, hidden)
         self.w2 = _param(num_experts, hidden, inter)
+        self.w13_scale_inv = self.w2_scale_inv = None
+        self.block = 0
+
+    def to_fp8(self, block: int) -> None:
+        if self.inter % block:
+            raise ValueError(f"fp8 experts: moe_intermediate_size {self.inter} is not a "
+                             f"multiple of the {block}-wide scale blocks")
+        e, h, i = self.num_experts, self.hidden, self.inter
+        self.w13, self.w2 = _param(e, 2 * i, h, dtype=FP8), _param(e, h, i, dtype=FP8)
+        self.w13_scale_inv = _param(e, 2 * i // block, _cdiv(h, block), dtype=torch.float32)
+        self.w2_scale_inv = _param(e, _cdiv(h, block), i // block, dtype=torch.float32)
+        self.block = block
 
     def forward(self, x, weights, ids):
+        if self.w13_scale_inv is not None:
+            return tskernels.moe.fused_experts(x, self.w13, self.w2, weights, ids,
+                                               w13_scale=self.w13_scale_inv,
+                                               w2_scale=self.w2_scale_inv)
         return tskernels.moe.fused_experts(x, self.w13, self.w2, weights, ids)
 
 
@@ -214,20 +279,34 @@ class CausalLM(nn.Module):
                 else f"{mod_name}."
             if isinstance(mod, Linear):
                 parent = prefix.rsplit(".", 2)[0] + "." if mod.shards else prefix
+                sc, b = mod.weight_scale_inv, mod.block
                 for name, (off, n) in mod.shards.items():
                     out[f"{parent}{name}.weight"] = (mod.weight, None, off, n)
                     if mod.bias is not None:
                         out[f"{parent}{name}.bias"] = (mod.bias, None, off, n)
+                    if sc is not None:
+                        out[f"{parent}{name}.weight_scale_inv"] = (sc, None, off // b,
+                                                                   _cdiv(n, b))
                 if not mod.shards:
                     out[f"{prefix}weight"] = (mod.weight, None, None, None)
                     if mod.bias is not None:
                         out[f"{prefix}bias"] = (mod.bias, None, None, None)
+                    if sc is not None:
+                        out[f"{prefix}weight_scale_inv"] = (sc, None, None, None)
             elif isinstance(mod, Experts):
                 for e in range(mod.num_experts):
                     i = mod.inter
                     out[f"{prefix}{e}.gate_proj.weight"] = (mod.w13, e, 0, i)
                     out[f"{prefix}{e}.up_proj.weight"] = (mod.w13, e, i, i)
                     out[f"{prefix}{e}.down_proj.weight"] = (mod.w2, e, None, None)
+                    if mod.w13_scale_inv is not None:
+                        r = i // mod.block
+                        out[f"{prefix}{e}.gate_proj.weight_scale_inv"] = (mod.w13_scale_inv, e,
+                                                                          0, r)
+                        out[f"{prefix}{e}.up_proj.weight_scale_inv"] = (mod.w13_scale_inv, e,
+                                                                        r, r)
+                        out[f"{prefix}{e}.down_proj.weight_scale_inv"] = (mod.w2_scale_inv, e,
+                                                                          None, None)
                 out[f"{prefix}gate_up_proj"] = (mod.w13, None, None, None)  # transformers 5
                 out[f"{prefix}down_proj"] = (mod.w2, None, None, None)
             elif isinstance(mod, (RMSNorm, Embedding)):

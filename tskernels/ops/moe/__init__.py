@@ -127,8 +127,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     Block-fp8 weights (DeepSeek-V3 / HF `weight_scale_inv` layout): w13_scale float32
     [E, ceil(2I/128), ceil(H/128)], w2_scale float32 [E, ceil(H/128), ceil(I/128)], one scale
     per 128 x 128 weight block (dequant(w) = w * scale); activations (x, and the SiLU-mul
-    output) are then quantized to e4m3 per 1 x 128 group, as DeepSeek-V3 runs them; x must be
-    fp16/bf16. All on one device.
+    output) are then quantized to e4m3 per 1 x 128 group, as DeepSeek-V3 runs them; x is then
+    fp32/fp16/bf16 (the Triton kernels take fp16/bf16). All on one device.
     Returns out [T, H] in x's dtype. No host sync, no data-dependent shape: CUDA-graph safe
     on the Triton backend.
     """
@@ -143,8 +143,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     inter = two_inter // 2
     _check.tensor("w2", w2, dtypes=wdt, shape=(num_experts, hidden, inter), device=x.device)
     if fp8:
-        if x.dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"x: block-fp8 experts take fp16/bf16 activations, got {x.dtype}")
+        if x.dtype == torch.float64:
+            raise TypeError("x: block-fp8 experts take fp32/fp16/bf16 activations, got float64")
         b = FP8_WEIGHT_BLOCK
         _check.tensor("w13_scale", w13_scale, dtypes=(torch.float32,),
                       shape=(num_experts, -(-two_inter // b), -(-hidden // b)), device=x.device)
