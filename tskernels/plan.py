@@ -57,16 +57,23 @@ class AttentionParams:
     sinks: bool = False
 
     def __post_init__(self):
-        if self.scale is not None and not self.scale > 0:
-            raise ValueError(f"scale: expected a positive float, got {self.scale!r}")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int)
-                                                or self.sliding_window < 1):
-            raise ValueError(f"sliding_window: expected an int >= 1, got {self.sliding_window!r}")
-        if self.softcap is not None and not self.softcap > 0:
-            raise ValueError(f"softcap: expected a positive float, got {self.softcap!r}")
+        w, c = self.sliding_window, self.softcap
+        if w is not None and not (isinstance(w, int) and not isinstance(w, bool) and w > 0):
+            raise ValueError(f"sliding_window: expected a positive int or None, got {w!r}")
+        if c is not None and not c > 0:
+            raise ValueError(f"softcap: expected a positive cap or None, got {c!r}")
 
     def scale_for(self, head_dim: int) -> float:
+        """The softmax scale (default 1/sqrt(head_dim))."""
         return self.scale or head_dim ** -0.5
+
+    def plan_kwargs(self, head_dim: int, *, with_causal: bool = False) -> dict:
+        """These options as a plan factory's keywords."""
+        kw = dict(scale=self.scale_for(head_dim), sliding_window=self.sliding_window,
+                  softcap=self.softcap)
+        if with_causal:
+            kw["causal"] = self.causal
+        return kw
 
     def traits(self) -> dict[str, bool]:
         """The registry traits these options select on."""

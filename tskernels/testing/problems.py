@@ -12,24 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import plan
+
 POISON = float("nan")
 
 
-@dataclass
-class PagedKV:
-    """k_cache, v_cache: [num_pages, page_size, num_kv_heads, head_dim]; page_table: int32
-    [batch, max_pages]; seq_lens: int32 [batch]. Page 0 is never handed out (the null page)."""
-
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    page_table: torch.Tensor
-    seq_lens: torch.Tensor
-    k_scale: torch.Tensor | None = None
-    v_scale: torch.Tensor | None = None
-
-    @property
-    def page_size(self) -> int:
-        return self.k_cache.shape[1]
+@dataclass(frozen=True)
+class PagedKV(plan.PagedKV):
+    """`tskernels.plan.PagedKV` with the dense view the tests compare against. k_cache,
+    v_cache: [num_pages, page_size, num_kv_heads, head_dim]; page_table: int32 [batch,
+    max_pages]; seq_lens: int32 [batch]. Page 0 is never handed out (the null page)."""
 
     def dense(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Request b's K and V gathered into [seq_len, num_kv_heads, head_dim] (dequantized)."""
@@ -93,8 +85,9 @@ def paged_kv(seq_lens: list[int], page_size: int, num_kv_heads: int, head_dim: i
             caches[i] = (c / view).clamp(-448, 448)
             scales[i] = s.to(device)
     k, v = (c.to(device=device, dtype=kv_dtype) for c in caches)
-    return PagedKV(k, v, table.to(device), torch.tensor(seq_lens, dtype=torch.int32,
-                                                         device=device), scales[0], scales[1])
+    return PagedKV(k_cache=k, v_cache=v, page_table=table.to(device),
+                   seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                   k_scale=scales[0], v_scale=scales[1])
 
 
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from ... import _check
+from ...plan import AttentionParams
 from ...registry import fmt, planned as _planned, select
 from . import _validate as _v
 from .._common import load_backends
@@ -114,13 +115,15 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_q_heads
     """
     B = page_table.shape[0]
     _, page_size, hkv, d = k_cache.shape
+    params = AttentionParams(scale=scale, sliding_window=sliding_window, softcap=softcap,
+                             sinks=sinks)
     _v.gqa(num_q_heads, hkv)
     _v.paged(page_table, seq_lens, B, k_cache.device)
-    kern = _select_planned("decode", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
-                           sinks, kv_scale_mode, backend, batch=B)
+    kern = _select_planned("decode", k_cache, num_q_heads, q_dtype, params, kv_scale_mode,
+                           backend, batch=B)
     kw = dict(num_q_heads=num_q_heads, num_kv_heads=hkv, head_dim=d, page_size=page_size,
-              q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
-              sliding_window=sliding_window, softcap=softcap, max_seq_len=max_seq_len)
+              q_dtype=q_dtype, kv_dtype=k_cache.dtype, max_seq_len=max_seq_len,
+              **params.plan_kwargs(d))
     if num_splits is not None:
         kw["num_splits"] = num_splits
     return _planned(kern)(page_table, seq_lens, **kw)
@@ -176,15 +179,16 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
     returns o [T, Hq, D]. Arguments as in `extend` and `decode_plan`."""
     B = qo_indptr.shape[0] - 1
     _, page_size, hkv, d = k_cache.shape
+    params = AttentionParams(scale=scale, causal=causal, sliding_window=sliding_window,
+                             softcap=softcap, sinks=sinks)
     _v.gqa(num_q_heads, hkv)
     _v.paged(page_table, seq_lens, B, k_cache.device)
-    kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, softcap, sliding_window,
-                           sinks, kv_scale_mode, backend,
+    kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, params, kv_scale_mode,
+                           backend,
                            extra={"causal": causal, "prefix": _has_prefix(qo_indptr, seq_lens)})
     return _planned(kern)(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
-                             num_kv_heads=hkv, head_dim=d, page_size=page_size,
-                             q_dtype=q_dtype, kv_dtype=k_cache.dtype, scale=scale or d ** -0.5,
-                             causal=causal, sliding_window=sliding_window, softcap=softcap)
+                          num_kv_heads=hkv, head_dim=d, page_size=page_size, q_dtype=q_dtype,
+                          kv_dtype=k_cache.dtype, **params.plan_kwargs(d, with_causal=True))
 
 
 def _has_prefix(qo_indptr: torch.Tensor, seq_lens: torch.Tensor) -> bool:
@@ -195,8 +199,8 @@ def _has_prefix(qo_indptr: torch.Tensor, seq_lens: torch.Tensor) -> bool:
     return bool((seq_lens != qo_indptr[1:] - qo_indptr[:-1]).any())
 
 
-def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, sinks,
-                    kv_scale_mode, backend, batch=None, extra=None):
+def _select_planned(op, k_cache, num_q_heads, q_dtype, params: AttentionParams, kv_scale_mode,
+                    backend, batch=None, extra=None):
     _, page_size, hkv, d = k_cache.shape
     if (k_cache.dtype in _check.FP8) != (kv_scale_mode is not None):
         raise ValueError("kv_scale_mode: give 'per_tensor' or 'per_head' exactly when the "
@@ -204,9 +208,8 @@ def _select_planned(op, k_cache, num_q_heads, q_dtype, softcap, sliding_window, 
     kv = fmt(k_cache.dtype) + (f":{kv_scale_mode}" if kv_scale_mode else "")
     return select("attention", op, device=k_cache.device, formats={"q": fmt(q_dtype), "kv": kv},
                   traits={"head_dim": d, "page_size": page_size, "gqa": num_q_heads // hkv,
-                          "kv_programs": None if batch is None else batch * hkv, "softcap": softcap is not None,
-                          "sliding_window": sliding_window is not None, "sinks": sinks,
-                          **(extra or {})},
+                          "kv_programs": None if batch is None else batch * hkv,
+                          **params.traits(), **(extra or {})},
                   backend=backend)
 
 
