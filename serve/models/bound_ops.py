@@ -32,9 +32,31 @@ def bind(key: tuple, family: str, op: str, problem):
     return k
 
 
+def _gemv_fits(a: torch.Tensor, b: torch.Tensor, out_dtype) -> bool:
+    """Decode rows (M <= 16) on a GPU go to gemm.gemv when the registry, under the active
+    policy, selects a real kernel for it there (the Triton weight-streaming kernel once
+    run-verified, or one named by the policy / TSKERNELS_BACKEND); never to the reference,
+    which upcasts the weight on every call."""
+    c = out_dtype or a.dtype
+    policy = tskernels.active_policy()
+    key = ("gemv?", a.device, a.dtype, b.dtype, c)
+    ok = _bound.get((key, policy))
+    if ok is None:
+        try:
+            k = tskernels.select("gemm", "gemv", device=a.device,
+                                 formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)})
+            ok = k.band != "reference"
+        except tskernels.SelectionError:
+            ok = False
+        _bound[key, policy] = ok
+    return ok
+
+
 def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None):
-    """c = a @ b.T, a [M, K], b [N, K] (gemm.mm)."""
+    """c = a @ b.T, a [M, K], b [N, K] (gemm.mm; gemm.gemv for decode rows on a GPU)."""
     if a.device.type != "cpu":
+        if a.shape[0] <= tskernels.gemm.GEMV_MAX_M and _gemv_fits(a, b, out_dtype):
+            return tskernels.gemm.gemv(a, b, out_dtype=out_dtype)
         return tskernels.gemm.mm(a, b, out_dtype=out_dtype)
     c = out_dtype or a.dtype
     k = bind(("mm", a.dtype, b.dtype, c), "gemm", "mm",

@@ -10,9 +10,9 @@ N side; the weight tiles stream through a cp.async / TMA-style software pipeline
 When N alone gives too few programs (a 4096-row projection is 64 tiles of 64 rows on 132
 SMs) the K range is split over a second grid axis. The partial sums are added with fp32
 atomics into a per-device workspace; the program that arrives last at a tile (a per-tile
-arrival counter) takes the sum (an atomic exchange with zero), applies the epilogue (optional residual add, dtype cast),
-writes c and zeroes its slice of the workspace and its counter, so the next call finds them
-clean. One kernel launch, no host sync, graph-capturable. Because the fp32 partials are
+arrival counter) takes the sum with an atomic exchange against zero (so its slice of the
+workspace is clean again), resets the counter, applies the epilogue (optional residual add,
+dtype cast) and writes c. One kernel launch, no host sync, graph-capturable. Because the fp32 partials are
 added in arrival order, split launches are not bitwise deterministic run to run (the splits
 round identically; only the order of a handful of fp32 adds varies).
 
