@@ -196,9 +196,15 @@ def _as_hermes_text(messages: list[dict], tools: list[dict] | None) -> list[dict
                                "arguments": c["function"]["arguments"]}, ensure_ascii=False) +
                                "\n</tool_call>" for c in m.pop("tool_calls"))
             m["content"] = (m["content"] + "\n" if m["content"] else "") + blocks
-        if m["role"] == "tool":
-            m = {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+        if m["role"] == "tool":   # results of one turn's calls share one user message
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("tool_results"):
+                out[-1]["content"] += "\n" + block
+                continue
+            m = {"role": "user", "content": block, "tool_results": True}
         out.append(m)
+    for m in out:
+        m.pop("tool_results", None)
     if tools:
         pre = _HERMES_PREAMBLE.format(tools="\n".join(json.dumps(t, ensure_ascii=False)
                                                       for t in tools))
