@@ -4,7 +4,8 @@ Filter order (vLLM's): probs = softmax(logits / temperature) -> top-k -> top-p o
 renormalized survivors -> min-p relative to the largest probability; top-k and top-p are
 threshold rules (tied tokens are kept or dropped together). A request's draw depends only on
 its own (logits, parameters, seed, step). Kernels match the reference in distribution, not
-draw for draw.
+draw for draw (the Triton sampler races with Philox noise keyed by (seed; token id, step), see
+triton_sample.py); greedy and apply_penalties match it exactly.
 """
 from __future__ import annotations
 
