@@ -343,3 +343,38 @@ def _penalties(gen, dtype, size):
     return Case((_randn(gen, b, v, dtype=dtype) * 3,), kw, {"logits": fmt(dtype)},
                 outputs=lambda r, a: (a[0],), tol_dtype=dtype,
                 label=f"penalties {b}x{v} L {lo} P {lp} {dtype}")
+
+
+# ---- gemm --------------------------------------------------------------------------------------
+
+@problem_generator("gemm", "fp8_block_mm", dtypes=(torch.float32,))
+def _fp8_block_mm(gen, dtype, size):
+    """fp8 operands quantized by the references (1 x 128 groups, 128 x 128 blocks); N and K
+    not multiples of 128 on the small problems."""
+    import tskernels_ref.gemm as ref_gemm
+    m, n, k = ((_pick(gen, (1, 3, 65)), 200, 300) if size == "small"
+               else (_pick(gen, (1, 16, 64, 512)), 2112, 7168))
+    qa, sa = ref_gemm.quantize_fp8_per_token_group(_randn(gen, m, k, dtype=dtype) * 3)
+    qb, sb = ref_gemm.quantize_fp8_block(_randn(gen, n, k, dtype=dtype) * 0.05)
+    return Case((qa, sa, qb, sb), {"out_dtype": torch.bfloat16, "block": 128},
+                {"a": "fp8_e4m3", "b": "fp8_e4m3", "c": "bf16"}, {"block": 128},
+                tol_dtype=torch.bfloat16, label=f"fp8_block_mm {m}x{n}x{k}")
+
+
+def _quant_case(op, gated=False, grouped=True):
+    def gen_case(gen, dtype, size):
+        rows, k = (5, _pick(gen, (96, 300))) if size == "small" else (257, 7168)
+        x = _randn(gen, rows, 2 * k if gated else k, dtype=dtype) * 3
+        args = (x, 128) if grouped else (x, None) if op == "quantize_fp8_per_tensor" else (x,)
+        return Case(args, {"eps": 1e-10}, {"x": fmt(dtype)},
+                    {"group": 128} if grouped else {}, tol_dtype=torch.float8_e4m3fn,
+                    label=f"{op} {rows}x{k} {dtype}")
+    return gen_case
+
+
+problem_generator("gemm", "quantize_fp8_per_token_group")(_quant_case("per_token_group"))
+problem_generator("gemm", "silu_and_mul_quantize_fp8")(_quant_case("silu", gated=True))
+problem_generator("gemm", "quantize_fp8_per_channel")(
+    _quant_case("quantize_fp8_per_channel", grouped=False))
+problem_generator("gemm", "quantize_fp8_per_tensor")(
+    _quant_case("quantize_fp8_per_tensor", grouped=False))
