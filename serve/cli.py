@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -18,17 +19,51 @@ import sys
 from serve import ipc
 
 log = logging.getLogger("serve")
+LOG_FORMAT = ipc.LOG_FORMAT   # the engine process logs in the same format
 GRACEFUL_SHUTDOWN_S = 5   # uvicorn's limit for open connections after a signal
 _STREAM_GRACE_S = 3.0     # default --shutdown-grace: in-flight requests may finish for this
                           # long, then end with a 503
 _DEATH_GRACE_S = 0.5   # lets 503 bodies reach clients before the server stops
 
 
+# --dtype / --kv-cache-dtype spellings users know from vLLM -> the engine's names
+DTYPE_ALIASES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
+                 "float": "float32", "float32": "float32"}
+KV_DTYPE_ALIASES = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
+GPU_ONLY_FLAGS = {"gpu_memory_utilization": "--gpu-memory-utilization"}
+
+
+def default_threads() -> int:
+    """Half the CPUs this process may run on, at least 1: one per physical core on SMT
+    machines, and 1 on a 2-core machine, where a second thread competing with the API process
+    and anything else on the box made decode steps 6-10x slower."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, n // 2)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    def v(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    return f"tskernels {v('tskernels')} (torch {v('torch')}, triton {v('triton')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serve", description=__doc__.split("\n")[0])
-    p.add_argument("model", nargs="?", default="default",
+    p.add_argument("model", nargs="?", default=None,
                    help="'default' (the embedded SmolLM2-135M-Instruct, on CPU without a GPU), "
-                        "a local HF model directory, or 'dummy:<config>' (random weights)")
+                        "a local HF model directory, or 'dummy:<config>' (random weights) "
+                        "(default: default)")
+    p.add_argument("--model", dest="model_flag", metavar="MODEL",
+                   help="the same as the positional MODEL (vLLM's spelling)")
+    p.add_argument("--version", action="version", version=_version())
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default: 8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on /v1/* and "
@@ -77,24 +112,77 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--page-size", type=int,
                    help="tokens per KV page (default: 64 for MLA models on a GPU, else 16)")
     e.add_argument("--num-kv-pages", type=int, help="KV pool size in pages (instead of a memory fraction)")
-    e.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"])
-    e.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory for weights + KV")
+    e.add_argument("--kv-cache-dtype", choices=list(KV_DTYPE_ALIASES), default="auto",
+                   help="KV cache element type; auto: the model's dtype, fp8 = fp8_e4m3 "
+                        "(default: %(default)s)")
+    e.add_argument("--gpu-memory-utilization", type=float,
+                   help="fraction of GPU memory for weights + KV (GPU only; default: 0.85)")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse KV pages of shared prompt prefixes")
-    e.add_argument("--dtype", help="auto, float32, bfloat16 or float16")
-    e.add_argument("--device", help="auto, cpu or cuda")
+    e.add_argument("--dtype", choices=list(DTYPE_ALIASES), default="auto",
+                   help="weights and activations; auto: float32 on the CPU, bfloat16 on a GPU; "
+                        "half = float16, float = float32 (default: %(default)s)")
+    e.add_argument("--device", default="auto",
+                   help="auto (a GPU when there is one), cpu, cuda or cuda:N (default: %(default)s)")
+    e.add_argument("--threads", type=int, default=default_threads(),
+                   help="CPU threads of the engine's torch / C++ kernels (default: half the "
+                        "CPUs this process may use, at least 1: %(default)s here)")
     e.add_argument("--seed", type=int, help="seed for weights of dummy models and unseeded sampling")
     return p
 
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
                 "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
-                "device", "seed")
+                "device", "seed", "threads")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The EngineArgs the user set; unset flags keep the engine's defaults."""
-    return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+    kw = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k, None) is not None}
+    if "dtype" in kw:
+        kw["dtype"] = DTYPE_ALIASES[kw["dtype"]]
+    if "kv_cache_dtype" in kw:
+        kw["kv_cache_dtype"] = KV_DTYPE_ALIASES[kw["kv_cache_dtype"]]
+    return kw
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line, found before the engine process is
+    spawned (a missing model, a GPU that is not there, a GPU-only flag on the CPU); None if
+    nothing is. Also settles `args.model` from the positional or --model."""
+    if args.model and args.model_flag and args.model != args.model_flag:
+        return f"model given twice: {args.model!r} and --model {args.model_flag!r}"
+    args.model = args.model_flag or args.model or "default"
+    if args.engine == ipc.DEFAULT_ENGINE:   # fake test engines take made-up model names
+        m = args.model
+        if m.startswith("dummy:"):
+            from serve.config import DUMMY_CONFIGS
+            spec = m[len("dummy:"):]
+            if spec not in DUMMY_CONFIGS and not (spec.endswith(".json") and os.path.isfile(spec)):
+                return (f"model: unknown dummy config {spec!r}; named: "
+                        f"{', '.join(sorted(DUMMY_CONFIGS))}, or dummy:/path/to/config.json")
+        elif m != "default":
+            if not os.path.isdir(m):
+                return (f"model: {m!r} is not a directory (expected 'default', a local HF model "
+                        "directory with config.json, or 'dummy:<config>')")
+            if not os.path.isfile(os.path.join(m, "config.json")):
+                return f"model: {m!r} has no config.json (not a Hugging Face model directory)"
+    if args.threads is not None and args.threads < 1:
+        return f"--threads: expected a positive int, got {args.threads}"
+    dev = str(args.device)
+    if dev not in ("auto", "cpu", "cuda") and not dev.startswith("cuda:"):
+        return f"--device: expected auto, cpu, cuda or cuda:N, got {dev!r}"
+    gpu_flags = [flag for k, flag in GPU_ONLY_FLAGS.items() if getattr(args, k, None) is not None]
+    if dev.startswith("cuda") or gpu_flags:
+        import torch
+        has_gpu = torch.cuda.is_available()
+        if dev.startswith("cuda") and not has_gpu:
+            return f"--device {dev}: no CUDA GPU is visible to torch {torch.__version__}"
+        if dev.startswith("cuda:") and int(dev.split(":", 1)[1] or 0) >= torch.cuda.device_count():
+            return f"--device {dev}: only {torch.cuda.device_count()} GPU(s) visible"
+        if gpu_flags and (dev == "cpu" or not has_gpu):
+            return f"{', '.join(gpu_flags)}: GPU-only, but the engine runs on the CPU"
+    return None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -106,8 +194,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    problem = check_args(args)
+    if problem:
+        print(f"python -m serve: error: {problem}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     for name in ("max_waiting", "max_choices_per_request", "max_request_bytes"):
         if getattr(args, name) < (0 if name == "max_waiting" else 1):
             print(f"error: --{name.replace('_', '-')}: expected a "
@@ -175,7 +266,7 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         log.info("chat output: tool calls parsed as %s, reasoning parser %s",
                  state.tool_call_parser, state.reasoning_parser or "none")
         config = uvicorn.Config(build_app(state, args.api_key, args.allowed_origins),
-                                lifespan="off", log_level=args.log_level,
+                                lifespan="off", log_config=None, log_level=args.log_level,
                                 access_log=args.access_log,
                                 # past the grace: ended requests' 503 bodies still go out
                                 timeout_graceful_shutdown=max(GRACEFUL_SHUTDOWN_S,

@@ -39,6 +39,7 @@ class EngineArgs:
     num_kv_pages: int | None = None  # explicit pool size (pages, excluding the null page 0)
     cuda_graphs: bool = True
     cpu_kv_cache_gb: float = 1.0  # default pool size on CPU when num_kv_pages is not given
+    threads: int | None = None  # torch.set_num_threads for the engine; None: torch's default
 
     def __post_init__(self):
         def bad(name, want):
@@ -57,6 +58,8 @@ class EngineArgs:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             bad("dtype", f"'auto' or one of {sorted(DTYPES)}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            bad("threads", "a positive int or None")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             bad("device", "'auto', 'cpu' or 'cuda'")
 

@@ -59,6 +59,8 @@ class Engine:
     def __init__(self, model: str = "default", **kwargs):
         args = EngineArgs.from_kwargs(**kwargs)
         self.args = args
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         self.device = _device(args.device)
         hf_cfg, ckpt = load_model_config(model)
         self.hf_config = hf_cfg
@@ -101,10 +103,33 @@ class Engine:
         self._requests: dict[str, _Request] = {}
         self._by_sid: dict[int, _Request] = {}
         self.num_generated_tokens = 0
-        log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens (%d tokens), "
-                 "max_model_len %d", self.model_name, self.device,
-                 str(self.dtype).removeprefix("torch."), self.runner.num_pages - 1,
-                 args.page_size, self.kv_capacity, self.max_model_len)
+        pool = self.runner.pool
+        kv_gib = (pool.num_pages * args.page_size
+                  * pool.bytes_per_token(self.runner.spec, pool.dtype)) / 2**30
+        log.info("engine ready: %s on %s (%s); max-model-len %d; prefix caching %s; KV pool "
+                 "%.3f GiB (%d pages of %d tokens = %d tokens, %s); %d threads; backends: %s",
+                 self.model_name, self.device, str(self.dtype).removeprefix("torch."),
+                 self.max_model_len, "on" if args.enable_prefix_caching else "off", kv_gib,
+                 self.runner.num_pages - 1, args.page_size, self.kv_capacity,
+                 str(pool.dtype).removeprefix("torch."), torch.get_num_threads(),
+                 self._backends_summary())
+
+    def _backends_summary(self) -> str:
+        """The backend the runner's kernel policy picks for its main ops on this device
+        (for the model's dtype; a problem a backend cannot take goes to the next choice)."""
+        import tskernels
+        fmt = tskernels.fmt(self.dtype)
+        picks = []
+        with tskernels.use_backend(self.runner.policy):
+            for fam, op in (("attention", "decode"), ("attention", "extend"), ("gemm", "mm"),
+                            ("norm", "rmsnorm"), ("rope", "apply_rope"),
+                            ("activation", "silu_and_mul")):
+                try:
+                    k = tskernels.select(fam, op, device=self.device, formats={"x": fmt, "q": fmt})
+                    picks.append(f"{fam}.{op}={k.backend}")
+                except tskernels.SelectionError:
+                    picks.append(f"{fam}.{op}=?")
+        return ", ".join(picks)
 
     def _fit_context_to_pool(self, args: EngineArgs) -> None:
         """A context the KV pool cannot hold is never advertised: one request alone would be

@@ -45,6 +45,8 @@ _IDLE_POLL_MS = 100
 SIGTERM_GRACE_S = 5.0
 
 log = logging.getLogger("serve.engine_process")
+# the one log format of both processes (the logger name tells them apart: serve.engine* here)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class BadMessage(ValueError):
@@ -146,7 +148,7 @@ def engine_main(target: str, model: str, engine_kwargs: dict, in_addr: str, out_
     # loading: exit now — the default action, so that a long C call (reading the weights)
     # cannot defer it the way it defers a Python-level handler
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
