@@ -68,13 +68,22 @@ def sm90a_function(device: torch.device, path, kernel: str, options: tuple[str, 
     """The kernel `kernel` of the source file `path` compiled for sm_90a with `options`, loaded
     once per (device, file, options) into the device's primary context (torch's), its dynamic
     shared memory limit raised to `smem` bytes. Returns the CUfunction."""
+    return arch_function(device, path, kernel, options, smem, what, {(9, 0): "sm_90a"},
+                         "sm_90a (Hopper)")
+
+
+def arch_function(device: torch.device, path, kernel: str, options: tuple[str, ...], smem: int,
+                  what: str, archs: dict[tuple[int, int], str], family: str):
+    """`sm90a_function` for the arch-specific target `archs[capability]` of the device (e.g.
+    {(10, 0): "sm_100a", (10, 3): "sm_103a"}); a device of another capability is refused with
+    `family` named."""
     key = (device.index, str(path), kernel, options)
     with _lock:
         if key not in _modules:
             major, minor = torch.cuda.get_device_capability(device)
-            if (major, minor) != (9, 0):
-                raise RuntimeError(f"{what}: sm_90a (Hopper) only, device is sm_{major}{minor}")
-            cubin = nvrtc_cubin(path.read_text(), path.name, options, "sm_90a")
+            if (major, minor) not in archs:
+                raise RuntimeError(f"{what}: {family} only, device is sm_{major}{minor}")
+            cubin = nvrtc_cubin(path.read_text(), path.name, options, archs[(major, minor)])
             cu = driver()
             with torch.cuda.device(device):
                 torch.cuda.init()
