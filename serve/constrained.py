@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import logging
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:   # the API process builds grammars without importing torch
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,8 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tens
     CPU the bits are unpacked by numpy; elsewhere the words are uploaded (V / 8 bytes a row)
     and unpacked on the device.
     """
+    import torch
+
     rows, vocab = logits.shape
     words = (vocab + BITS - 1) // BITS
     if not isinstance(bitmask, np.ndarray) or bitmask.shape != (rows, words) \
