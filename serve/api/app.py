@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from serve.api import routes
+from serve.api import info_routes, routes
 from serve.api.engine_client import EngineClient
 from serve.api.guards import HttpGuard, HttpLimits
 from serve.api.protocol import ApiError
@@ -96,6 +96,7 @@ def build_app(state: ServerState, api_key: str | None = None,
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            *info_routes.ROUTES,   # /v1/models/{id}, /tokenize, /detokenize, /version
         ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error,
                             Exception: _internal_error},
