@@ -378,3 +378,70 @@ problem_generator("gemm", "quantize_fp8_per_channel")(
     _quant_case("quantize_fp8_per_channel", grouped=False))
 problem_generator("gemm", "quantize_fp8_per_tensor")(
     _quant_case("quantize_fp8_per_tensor", grouped=False))
+
+
+# ---- moe ------------------------------------------------------------------------------------
+
+def _distinct(gen, t, e, dtype):
+    """Router logits without ties in `dtype` (a tie may legally route to either expert)."""
+    return (torch.randperm(t * e, generator=gen).view(t, e).float() / (t * e) * 8 - 4).to(dtype)
+
+
+def _ids_out(result, args):
+    return (result[0], result[1])
+
+
+@problem_generator("moe", "topk_softmax")
+def _topk_softmax(gen, dtype, size):
+    t, e, k = (_pick(gen, (1, 5, 19)), _pick(gen, (8, 60)), 4) if size == "small" \
+        else (_pick(gen, (1, 4096)), 128, 8)
+    return Case((_distinct(gen, t, e, dtype), k), {"renormalize": True},
+                {"router_logits": fmt(dtype)}, {"num_experts": e, "top_k": k},
+                outputs=_ids_out, tol_dtype=torch.float32, label=f"topk_softmax {t}x{e} k{k}")
+
+
+@problem_generator("moe", "topk_sigmoid_grouped")
+def _topk_sigmoid_grouped(gen, dtype, size):
+    t, (e, g, tg, k) = ((_pick(gen, (1, 7)), (64, 8, 4, 6)) if size == "small"
+                        else (_pick(gen, (1, 2048)), (256, 8, 4, 8)))
+    bias = torch.randperm(e, generator=gen).float() / e * 0.1
+    return Case((_distinct(gen, t, e, dtype), bias, k),
+                {"n_group": g, "topk_group": tg, "routed_scaling_factor": 2.5,
+                 "renormalize": True},
+                {"router_logits": fmt(dtype), "correction_bias": "fp32"},
+                {"num_experts": e, "top_k": k, "n_group": g, "topk_group": tg},
+                outputs=_ids_out, tol_dtype=torch.float32,
+                label=f"topk_sigmoid_grouped {t}x{e} g{g}/{tg} k{k}")
+
+
+@problem_generator("moe", "align_by_expert", dtypes=(torch.int32, torch.int64))
+def _align_by_expert(gen, dtype, size):
+    t, k, e, block = ((_pick(gen, (0, 1, 3, 40)), 2, _pick(gen, (4, 16)), _pick(gen, (1, 16)))
+                      if size == "small" else (_pick(gen, (1, 64, 8192)), 8, 128, 64))
+    ids = torch.randint(-1, e, (t, k), generator=gen, dtype=dtype)  # -1: non-local, dropped
+    return Case((ids, e, block), {}, {"topk_ids": fmt(dtype)},
+                {"num_experts": e, "block_size": block}, label=f"align {t}x{k} E{e} b{block}")
+
+
+@problem_generator("moe", "fused_experts")
+def _fused_experts(gen, dtype, size):
+    t, h, i, e, k = ((_pick(gen, (1, 6)), 64, 32, 6, 2) if size == "small"
+                     else (_pick(gen, (1, 100, 1000)), 2048, 768, 128, 8))
+    x = _randn(gen, t, h, dtype=dtype)
+    w13 = _randn(gen, e, 2 * i, h, dtype=torch.float32) / h ** 0.5
+    w2 = _randn(gen, e, h, i, dtype=torch.float32) / i ** 0.5
+    logits = _distinct(gen, t, e, torch.float32)
+    w, ids = torch.softmax(logits, -1).topk(k, dim=-1)
+    ids = ids.to(torch.int32)
+    ids[0, -1] = -1  # a non-local expert contributes nothing
+    return Case((x, w13.to(dtype), w2.to(dtype), (w / w.sum(-1, keepdim=True)).float(), ids),
+                {"activation": "silu"}, {"x": fmt(dtype), "w": fmt(dtype)},
+                {"activation": "silu", "top_k": k, "weight_block": None},
+                label=f"fused_experts T{t} H{h} I{i} E{e} k{k} {dtype}")
+
+
+@problem_generator("moe", "combine")
+def _combine(gen, dtype, size):
+    t, k, h = (5, 3, 40) if size == "small" else (4096, 8, 2048)
+    return Case((_randn(gen, t, k, h, dtype=dtype), torch.rand(t, k, generator=gen)), {},
+                {"expert_out": fmt(dtype)}, {"top_k": k}, label=f"combine {t}x{k}x{h}")
