@@ -80,6 +80,16 @@ def grouped(**kw):
     return moe.topk_sigmoid_grouped(**args)
 
 
+Q13, Q2 = W13.to(torch.float8_e4m3fn), W2.to(torch.float8_e4m3fn)
+S13, S2 = torch.ones(E, 1, 1), torch.ones(E, 1, 1)
+
+
+def test_fused_experts_fp8_equals_reference():
+    kw = dict(w13_scale=S13 * 0.5, w2_scale=S2 * 0.25)
+    assert_same(moe.fused_experts(X, Q13, Q2, WEIGHTS, IDS, **kw),
+                ref.fused_experts(X, Q13, Q2, WEIGHTS, IDS, **kw))
+
+
 def fused(**kw):
     args = dict(x=X, w13=W13, w2=W2, topk_weights=WEIGHTS, topk_ids=IDS)
     args.update(kw)
@@ -119,6 +129,16 @@ BAD = [
     (lambda: fused(topk_ids=IDS.float()), TypeError, "topk_ids: expected dtype"),
     (lambda: fused(topk_ids=IDS.to(META)), ValueError, "topk_ids: expected a tensor on"),
     (lambda: fused(activation="relu"), ValueError, "activation: expected one of"),
+    (lambda: fused(w13=Q13, w2=Q2, w13_scale=S13), TypeError, "w2_scale: expected a torch"),
+    (lambda: fused(w13=Q13, w2=Q2, w13_scale=S13[:4], w2_scale=S2), ValueError,
+     "w13_scale: expected shape"),
+    (lambda: fused(w13=Q13, w2=Q2, w13_scale=S13, w2_scale=S2.double()), TypeError,
+     "w2_scale: expected dtype"),
+    (lambda: fused(w13=Q13, w2=W2, w13_scale=S13, w2_scale=S2), TypeError,
+     "w2: expected dtype"),
+    (lambda: fused(w13_scale=S13), ValueError, "only for float8_e4m3fn weights"),
+    (lambda: fused(x=X.double(), w13=Q13, w2=Q2, w13_scale=S13, w2_scale=S2), TypeError,
+     "x: block-fp8 experts take"),
     (lambda: moe.combine(X, WEIGHTS), ValueError, "expert_out: expected 3 dim"),
     (lambda: moe.combine(torch.randn(T, K + 1, H), WEIGHTS), ValueError,
      "topk_weights: expected shape"),

@@ -127,3 +127,37 @@ def test_fused_experts_and_combine(t, e, h, inter, data, dtype, seed):
             per_slot[i, j] = naive_fused_experts(x[i : i + 1], w13, w2, torch.ones(1, 1), ids[i : i + 1, j : j + 1])[0]
     torch.testing.assert_close(moe.combine(per_slot.float(), weights).double(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(moe.combine(per_slot, weights.double()), want, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_experts_fp8_blocks_match_dequantized_math():
+    """Block-fp8 reference = float64 math on the dequantized weights and on the activations
+    rounded to e4m3 per 1 x 128 group (x, and the SiLU-mul output)."""
+    from tskernels_ref.gemm import quantize_fp8_block, quantize_fp8_per_token_group
+
+    g = torch.Generator().manual_seed(3)
+    t, h, i, e, k = 5, 256, 128, 3, 2
+    x = torch.randn(t, h, generator=g)
+    qs = [quantize_fp8_block(torch.randn(2 * i, h, generator=g) / 16) for _ in range(e)]
+    q2s = [quantize_fp8_block(torch.randn(h, i, generator=g) / 16) for _ in range(e)]
+    w13, s13 = torch.stack([q for q, _ in qs]), torch.stack([s for _, s in qs])
+    w2, s2 = torch.stack([q for q, _ in q2s]), torch.stack([s for _, s in q2s])
+    weights, ids = moe.topk_softmax(torch.randn(t, e, generator=g), k)
+    got = moe.fused_experts(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+
+    def fq(a):  # e4m3 per 1 x 128 group and back
+        q, s = quantize_fp8_per_token_group(a.float(), 128)
+        return q.double() * s.double().repeat_interleave(128, 1)[:, :a.shape[1]]
+
+    def deq(w, s):
+        return w.double() * s.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+
+    want = torch.zeros(t, h, dtype=torch.float64)
+    xq = fq(x)
+    for r in range(t):
+        for j in range(k):
+            ex = int(ids[r, j])
+            hh = xq[r] @ deq(w13[ex], s13[ex]).T
+            act = torch.nn.functional.silu(hh[:i]) * hh[i:]
+            y = fq(act.float()[None])[0] @ deq(w2[ex], s2[ex]).T
+            want[r] += float(weights[r, j]) * y
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
