@@ -114,8 +114,10 @@ class Matcher:
 
     def consume(self, token: int) -> bool:
         """Advance by the sampled token; False (and an error state) if the grammar forbids it."""
+        # After the grammar's end only EOS is allowed, and the engine never feeds EOS back
+        # (the request finishes on it); anything else is a violation.
         if self.inner.is_stopped():
-            return True   # EOS after the end of the grammar: the scheduler stops the request
+            return False
         return bool(self.inner.consume_token(int(token)))
 
     @property

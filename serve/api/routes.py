@@ -62,7 +62,6 @@ async def _run(request: Request, state, chat: bool, arrival: float):
                        f"'{state.model_name}'", param="model", code="model_not_found")
     _check_size_before_tokenizing(state, spec)
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(state.tokenize_pool, prepare_grammar, spec, state.tool_call_parser)
     if chat:
         prompts = [await loop.run_in_executor(state.tokenize_pool, _chat_prompt, state.tokenizer,
                                               spec)]
@@ -71,6 +70,8 @@ async def _run(request: Request, state, chat: bool, arrival: float):
             state.tokenize_pool, lambda: [_completion_prompt(state.tokenizer, p)
                                           for p in spec.prompts])
     max_tokens = [_check_lengths(state, spec, p) for p in prompts]
+    await loop.run_in_executor(state.tokenize_pool, prepare_grammar, spec, state.tool_call_parser,
+                               state.reasoning_parser)
     _check_token_ids(state, spec, prompts)
 
     gen = Generation(state.client, state.tokenizer, state.metrics, spec, prompts, max_tokens, arrival,

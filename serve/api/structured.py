@@ -6,18 +6,25 @@ from functools import partial
 
 from serve.api.chat_output import ChatOutput
 from serve.api.protocol import GenerateSpec, bad
+from serve.api.reasoning import OPEN
 from serve.api.tools import response_grammar, tool_grammar
 
 
-def prepare_grammar(spec: GenerateSpec, tool_parser: str) -> None:
+def prepare_grammar(spec: GenerateSpec, tool_parser: str, reasoning_parser: str | None) -> None:
     """Sets spec.grammar (llguidance text) when the output must follow one; 400s name the
-    parameter whose constraint cannot be built. Runs in the tokenizer pool (a large schema
-    takes milliseconds to compile)."""
+    parameter whose constraint cannot be built. Chat requests on a server with a reasoning
+    parser may think first: the grammar admits a <think> block before the constrained part
+    (requires spec.prompt_tail: call after rendering). Runs in the tokenizer pool (a large
+    schema takes milliseconds to compile)."""
+    reasoning = None
+    if spec.chat and reasoning_parser:
+        inside = reasoning_parser == "deepseek_r1" or spec.prompt_tail.rstrip().endswith(OPEN)
+        reasoning = "inside" if inside else "optional"
     grammar = None
     if spec.response_schema is not None:
-        grammar = response_grammar(spec.response_schema)
+        grammar = response_grammar(spec.response_schema, reasoning)
     elif spec.tools is not None:
-        grammar = tool_grammar(spec.tools, tool_parser)
+        grammar = tool_grammar(spec.tools, tool_parser, reasoning)
     if grammar is not None and spec.ignore_eos:
         raise bad("ignore_eos", "'ignore_eos' cannot be combined with a constrained output "
                   "('response_format' or a forced 'tool_choice'): the grammar ends with EOS")

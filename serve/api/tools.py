@@ -259,29 +259,48 @@ def _call_schema(tools: list[dict], args_key: str) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def tool_grammar(req: ToolRequest, parser: str) -> str | None:
+# A reasoning block the constrained output may start with: "<think>" ... "</think>" (lazy: it
+# ends at the first "</think>"), or, when the completion starts inside the reasoning
+# (deepseek_r1, or a prompt that opened <think>), everything up to the first "</think>".
+_THINK_RULES = {
+    "optional": 'start: think? answer\nthink: think_text /[ \\t\\r\\n]{0,8}/\n'
+                'think_text[lazy]: "<think>" /(?s:.*)<\\/think>/\n',
+    "inside": 'start: think answer\nthink: think_text /[ \\t\\r\\n]{0,8}/\n'
+              'think_text[lazy]: /(?s:.*)<\\/think>/\n',
+}
+
+
+def _grammar(answer_rules: str, param: str, reasoning: str | None) -> str:
+    """Lark rules defining `answer` -> llguidance grammar text, validated (400 naming param).
+    reasoning: None, "optional" or "inside" (_THINK_RULES)."""
+    head = _THINK_RULES[reasoning] if reasoning else "start: answer\n"
+    grammar = constrained.lark_grammar(head + answer_rules)
+    _check(grammar, param)
+    return grammar
+
+
+def _json_rule(name: str, schema) -> str:
+    return f"{name}: %json {json.dumps(constrained.json_options(schema))}\n"
+
+
+def tool_grammar(req: ToolRequest, parser: str, reasoning: str | None = None) -> str | None:
     """The grammar that forces calls (tool_choice required / named), or None."""
     if req.choice not in ("required", "named"):
         return None
     tools = [t for t in req.tools if req.choice != "named" or t["function"]["name"] == req.named]
     many = req.parallel and req.choice == "required"
     if parser == "hermes":
-        body = "%json " + json.dumps(constrained.json_options(_call_schema(tools, "arguments")))
-        lark = ('start: call' + (' ("\\n" call)*' if many else '') + '\n'
-                'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
-                'body: ' + body + '\n')
+        rules = ('answer: call' + (' ("\\n" call)*' if many else '') + '\n'
+                 'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
+                 + _json_rule("body", _call_schema(tools, "arguments")))
     else:
-        body = "%json " + json.dumps(constrained.json_options(_call_schema(tools, "parameters")))
-        lark = 'start: body' + (' ("; " body)*' if many else '') + '\nbody: ' + body + '\n'
-    grammar = constrained.lark_grammar(lark)
-    _check(grammar, "tools")
-    return grammar
+        rules = ('answer: body' + (' ("; " body)*' if many else '') + '\n'
+                 + _json_rule("body", _call_schema(tools, "parameters")))
+    return _grammar(rules, "tools", reasoning)
 
 
-def response_grammar(schema: dict | bool) -> str:
-    grammar = constrained.json_schema_grammar(schema)
-    _check(grammar, "response_format")
-    return grammar
+def response_grammar(schema: dict | bool, reasoning: str | None = None) -> str:
+    return _grammar(_json_rule("answer", schema), "response_format", reasoning)
 
 
 def _check(grammar: str, param: str) -> None:

@@ -104,3 +104,29 @@ def test_parser_resolution_and_rendering():
     assert "<tools>" in text and '"name": "add"' in text
     for parser in ("hermes", "llama3_json"):
         assert validate_grammar(tool_grammar(req, parser)) is None
+
+
+def test_constrained_output_may_think_first():
+    """With a reasoning parser the grammar admits one <think> block before the JSON (or, when
+    the completion starts inside the reasoning, text up to </think>), and nothing else."""
+    from transformers import AutoTokenizer
+
+    from serve.api.tools import response_grammar
+    from serve.constrained import GrammarTokenizer
+    from serve.default_model import smollm2_dir
+
+    hf = AutoTokenizer.from_pretrained(smollm2_dir())
+    gt = GrammarTokenizer(hf, 49152, [hf.eos_token_id])
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+    def accepts(reasoning, text):
+        m = gt.matcher(response_grammar(schema, reasoning))
+        ok = all(m.consume(t) for t in hf.encode(text, add_special_tokens=False))
+        return ok and m.inner.is_accepting()
+
+    assert accepts(None, '{"a": 1}') and not accepts(None, '<think>x</think>{"a": 1}')
+    assert accepts("optional", '<think>a </ b</think>\n\n{"a": 1}')
+    assert accepts("optional", '{"a": 1}')
+    assert not accepts("optional", '<think>x</think>{"a": 1}</think>')
+    assert not accepts("optional", 'x{"a": 1}')
+    assert accepts("inside", 'plan</think>{"a": 1}') and not accepts("inside", '{"a": 1}')
