@@ -16,7 +16,7 @@
 // not written without hardware to run it). The Q block [128 x 576] takes 144 KB of shared
 // memory, so tiles are 32 keys (36 KB per stage, 2 stages) and P [128 x 32] 8 KB.
 //
-// CTA = 192 threads (256 with -DFP8KV), one (request, 128-head block, column half, KV split):
+// CTA = 192 threads (320 with -DFP8KV), one (request, 128-head block, column half, KV split):
 //  * warp 0, producer: TMA copies of 32-row tiles (9 boxes of [32 rows x 64 columns], 128-byte
 //    swizzle) into the 2-stage ring; a partial last tile goes as 1-row boxes;
 //  * warp 1, MMA: allocates TMEM (512 columns) and, from one lane, issues S(j+1) = Q K^T
@@ -66,7 +66,7 @@
 #define BOX8 (BN * 192)             // fp8: one [32 rows x 192 bytes] TMA box
 #define FP8_OFFSET (STAGE_BYTES / 2)
 #ifdef FP8KV
-#define THREADS 256
+#define THREADS 320                 // + 4 converter warps (warps 6-9)
 #else
 #define THREADS 192
 #endif
