@@ -73,7 +73,7 @@ def test_json_schema(client, stream):
 def test_json_object_sampled(client):
     r = client.chat.completions.create(
         model="default", messages=_chat("Give me some data about Paris as JSON."),
-        max_tokens=150, temperature=0.8, seed=5, n=2, response_format={"type": "json_object"})
+        max_tokens=60, temperature=0.8, seed=5, n=2, response_format={"type": "json_object"})
     for c in r.choices:
         if c.finish_reason == "stop":   # a sampled object may be longer than max_tokens
             assert isinstance(json.loads(c.message.content), dict)
@@ -147,3 +147,16 @@ def test_cached_tokens(client):
                                                  stream_options={"include_usage": True}))
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == \
         second.prompt_tokens_details.cached_tokens
+
+
+def test_completions_response_format(client):
+    r = client.completions.create(model="default", prompt="A JSON record of a city:",
+                                  max_tokens=80, temperature=0, extra_body={"response_format": {
+                                      "type": "json_schema", "json_schema": {
+                                          "name": "city", "schema": {
+                                              "type": "object", "properties": {
+                                                  "city": {"type": "string", "maxLength": 30}},
+                                              "required": ["city"],
+                                              "additionalProperties": False}}}})
+    assert r.choices[0].finish_reason == "stop"
+    assert set(json.loads(r.choices[0].text)) == {"city"}
