@@ -13,14 +13,19 @@ Formats (`--tool-call-parser`):
   llama3_json  Llama 3.1+ JSON calls: the completion is `{"name": ..., "parameters": {...}}`
                (optionally after `<|python_tag|>`), several separated by `;`; a completion
                that does not open with `{` is content.
+  mistral      Mistral: the completion is `[TOOL_CALLS]` (a special token, gone from the
+               text unless skip_special_tokens is false) and a JSON array of
+               `{"name": ..., "arguments": {...}}`; a completion that does not open with
+               `[{` or `[TOOL_CALLS]` is content.
 """
 from __future__ import annotations
 
 import json
 import uuid
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "mistral")
 _PYTHON_TAG = "<|python_tag|>"
+_TOOL_CALLS = "[TOOL_CALLS]"
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -160,9 +165,43 @@ class Llama3JsonParser(_Parser):
             pos = len(s) - len(rest) + 1
 
 
-def make_parser(name: str, tool_names: set[str]) -> HermesParser | Llama3JsonParser:
+class MistralParser(_Parser):
+    def __init__(self, tool_names: set[str]):
+        super().__init__(tool_names)
+        self.mode: str | None = None
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        self.buf += text
+        if self.mode is None:
+            s = self.buf.lstrip()
+            if s.startswith(_TOOL_CALLS) or (s.startswith("[") and s[1:].lstrip()[:1] == "{"):
+                self.mode = "json"
+            elif not final and (_TOOL_CALLS.startswith(s) or s == "[" or
+                                (s.startswith("[") and not s[1:].strip())):
+                return "", []
+            else:
+                self.mode = "text"
+        if self.mode == "text":
+            out, self.buf = self.buf, ""
+            return out, []
+        if not final:
+            return "", []
+        raw, self.buf = self.buf, ""
+        try:
+            items = json.loads(raw.strip().removeprefix(_TOOL_CALLS))
+        except json.JSONDecodeError:
+            return raw, []
+        if not isinstance(items, list) or not items:
+            return raw, []
+        calls = [self._call(obj, "arguments") for obj in items]
+        return ("", calls) if all(c is not None for c in calls) else (raw, [])
+
+
+def make_parser(name: str, tool_names: set[str]) -> _Parser:
     if name == "hermes":
         return HermesParser(tool_names)
     if name == "llama3_json":
         return Llama3JsonParser(tool_names)
+    if name == "mistral":
+        return MistralParser(tool_names)
     raise ValueError(f"tool-call parser: expected one of {PARSERS}, got {name!r}")

@@ -237,8 +237,9 @@ def render_chat(tokenizer, messages: list[dict], tools: ToolRequest | None,
 
 
 def resolve_tool_parser(name: str, tokenizer) -> str:
-    """'auto' -> 'llama3_json' for templates that write Llama 3 JSON calls, else 'hermes'
-    (Qwen / Hermes templates, and templates without tools, which get the Hermes preamble)."""
+    """'auto' -> 'mistral' for templates with [TOOL_CALLS], 'llama3_json' for templates that
+    write Llama 3 JSON calls, else 'hermes' (Qwen / Hermes templates, and templates without
+    tools, which get the Hermes preamble)."""
     if name != "auto":
         if name not in PARSERS:
             raise ValueError(f"--tool-call-parser: expected auto or one of {PARSERS}, got {name!r}")
@@ -246,6 +247,8 @@ def resolve_tool_parser(name: str, tokenizer) -> str:
     tpl = getattr(tokenizer, "chat_template", None) or ""
     if "<tool_call>" in tpl or not template_knows_tools(tokenizer):
         return "hermes"
+    if "[TOOL_CALLS]" in tpl:
+        return "mistral"
     if "<|python_tag|>" in tpl or '"parameters"' in tpl or "parameters" in tpl:
         return "llama3_json"
     return "hermes"
@@ -292,6 +295,9 @@ def tool_grammar(req: ToolRequest, parser: str, reasoning: str | None = None) ->
     if parser == "hermes":
         rules = ('answer: call' + (' ("\\n" call)*' if many else '') + '\n'
                  'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
+                 + _json_rule("body", _call_schema(tools, "arguments")))
+    elif parser == "mistral":
+        rules = ('answer: "[" body' + (' (", " body)*' if many else '') + ' "]"\n'
                  + _json_rule("body", _call_schema(tools, "arguments")))
     else:
         rules = ('answer: body' + (' ("; " body)*' if many else '') + '\n'

@@ -31,6 +31,12 @@ CASES = [
     ("llama3_json", "Plain {text}", "Plain {text}", []),
     ("llama3_json", '{"name": "add", "parameters": {"a": 1}} trailing',
      '{"name": "add", "parameters": {"a": 1}} trailing', []),
+    ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, '
+     '{"name": "get_weather", "arguments": {"city": "Rome"}}]', "",
+     [("add", {"a": 1}), ("get_weather", {"city": "Rome"})]),
+    ("mistral", ' [ {"name": "add", "arguments": {"a": 5}}]', "", [("add", {"a": 5})]),
+    ("mistral", "[1, 2] is a list", "[1, 2] is a list", []),
+    ("mistral", '[{"name": "nope", "arguments": {}}]', '[{"name": "nope", "arguments": {}}]', []),
 ]
 
 
@@ -102,7 +108,7 @@ def test_parser_resolution_and_rendering():
                        "tool_choice": "required"})
     text = render_chat(tok, [{"role": "user", "content": "hi"}], req)
     assert "<tools>" in text and '"name": "add"' in text
-    for parser in ("hermes", "llama3_json"):
+    for parser in ("hermes", "llama3_json", "mistral"):
         assert validate_grammar(tool_grammar(req, parser)) is None
 
 
