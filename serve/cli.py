@@ -98,9 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("chat output", "how chat completions are parsed "
                              "(docs/OPENAI_FEATURES.md)")
     o.add_argument("--tool-call-parser", default="auto",
-                   choices=["auto", "hermes", "llama3_json"],
+                   choices=["auto", "hermes", "llama3_json", "mistral"],
                    help="format of the model's tool calls (default: auto, from the chat "
-                   "template: llama3_json for Llama 3 templates, else hermes)")
+                   "template: mistral for [TOOL_CALLS] templates, llama3_json for Llama 3 "
+                   "templates, else hermes)")
     o.add_argument("--reasoning-parser", default="auto",
                    choices=["auto", "none", "think", "deepseek_r1"],
                    help="split <think>...</think> into reasoning_content (default: auto, "
