@@ -259,3 +259,72 @@ def test_registered_compile_verified_for_sm100_only_and_never_auto_selected():
         if old is not None:
             os.environ["TSKERNELS_ALLOW_UNVERIFIED"] = old
     assert picks == {False: "reference", True: "cuda_tcgen05"}
+
+
+# ---- gemm.mm.cuda_tcgen05 (tskernels/ops/gemm/cuda/gemm_tcgen05.cu) ----
+GEMM_BUILDS = {"bf16": (False, False), "fp16": (True, True), "bf16_to_fp16": (False, True)}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gemm_tcgen05_nvcc_and_nvrtc(arch, tmp_path):
+    """nvcc (ptxas -v) and the runtime's NVRTC path build every dtype variant: tcgen05 MMAs
+    (m128n256k16 from shared memory), commits, TMEM loads and TMA copies in the SASS, no
+    spills, registers within blackwell_resources.json."""
+    from tskernels.ops.gemm import cuda_mm_sm100 as g
+    recorded = json.loads(RESOURCES.read_text())
+    sm = arch.removeprefix("sm_")
+    rows = []
+    for build, (fp16, out16) in GEMM_BUILDS.items():
+        opts = g.nvcc_options(fp16, out16)
+        cub = subprocess.run([NVCC, *opts, f"-gencode=arch=compute_{sm},code={arch}",
+                              "-cubin", "-Xptxas", "-v", str(g.SOURCE), "-o",
+                              str(tmp_path / "g.cubin")], capture_output=True, text=True)
+        assert cub.returncode == 0, cub.stderr[-3000:]
+        sass = _sass(tmp_path / "g.cubin")
+        regs = int(re.search(r"Used (\d+) registers", cub.stderr).group(1))
+        spill = int(re.search(r"(\d+) bytes spill stores", cub.stderr).group(1))
+        r = dict(kernel="gemm_tcgen05", build=f"gemm_{build}", target=arch, compiler="nvcc",
+                 registers=regs, spill_bytes=spill, smem_bytes=g.smem_bytes(),
+                 sass={k: len(re.findall(rf"\b{k}\b", sass))
+                       for k in ("UTCHMMA", "UTCBAR", "LDTM", "UTMALDG")})
+        rows.append(r)
+        assert all(r["sass"].values()) and spill == 0, r
+        rec = recorded[f"gemm_{build}:{arch}"]
+        assert regs <= rec["registers"] and spill <= rec["spill_bytes"], (r, rec)
+    _record(rows)
+    cuda_driver = _nvrtc()
+    for fp16, out16 in GEMM_BUILDS.values():
+        path = tmp_path / "n.cubin"
+        path.write_bytes(cuda_driver.nvrtc_cubin(g.SOURCE.read_text(), g.SOURCE.name,
+                                                 g.nvcc_options(fp16, out16), arch))
+        sass = _sass(path)
+        assert all(re.search(rf"\b{k}\b", sass) for k in ("UTCHMMA", "UTCBAR", "LDTM",
+                                                          "UTMALDG")), (fp16, out16, arch)
+
+
+def test_gemm_tcgen05_host_logic():
+    from tskernels.ops.gemm import cuda_mm_sm100 as g
+    text = g.SOURCE.read_text()
+    d = {m.group(1): m.group(2) for m in re.finditer(r"^#define (\w+) (\S+)", text, re.M)}
+    assert (int(d["BM"]), int(d["BN"]), int(d["BK"]), int(d["STAGES"])) == \
+        (g.BLOCK_M, g.BLOCK_N, g.BLOCK_K, g.STAGES)
+    assert int(d["TMEM_COLS"]) == g.TMEM_COLUMNS <= bw.SM100_TMEM_COLUMNS
+    assert g.BLOCK_M == bw.SM100_TMEM_LANES and g.BLOCK_N <= 256  # one m128n256 MMA
+    assert g.smem_bytes() == 4 * 48 * 1024 + 1152 <= bw.SM100_SMEM_PER_BLOCK
+    assert g.grid(1, 1) == (1, 1) and g.grid(129, 257) == (2, 2) and g.grid(4096, 7168) == \
+        (28, 32)
+    spec = next(k for k in tskernels.kernels() if k.name == "gemm.mm.cuda_tcgen05")
+    assert spec.verification.compiled == frozenset({"sm_100"}) and not spec.verification.run
+    assert "compiled, not run: no Blackwell hardware" in spec.description
+    a = torch.zeros(4, 8, dtype=torch.bfloat16)
+    for args, kw, word in (((a, a), {}, "CUDA device"),
+                           ((a, a.float()), {}, "must both be bf16"),
+                           ((a, a), {"out_dtype": torch.float32}, "out_dtype")):
+        with pytest.raises(ValueError, match=word):
+            g.mm(*args, **kw)
+    b200 = Platform("nvidia", 100, "NVIDIA B200", nvidia_features(100), 148)
+    fm = {"a": "bf16", "b": "bf16", "c": "bf16"}
+    for allow in (False, True):  # never by itself; first in line once unverified is allowed
+        ov = registry.config.resolve("gemm", "mm", None, None, allow)
+        chosen, _ = registry._decide("gemm", "mm", b200, fm, {}, ov)
+        assert (chosen.backend == "cuda_tcgen05") is allow, (allow, chosen.backend)

@@ -18,6 +18,7 @@ from ... import _check
 from ...registry import fmt, select
 from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
 from . import triton_fp8, triton_gemv, triton_mm  # noqa: F401  (register backends)
+from . import cuda_mm_sm100  # noqa: F401  (Blackwell tcgen05: compiled, not run)
 
 __all__ = ["fp8_block_mm", "gemv", "mm", "quantize_fp8_block", "quantize_fp8_per_channel",
            "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
