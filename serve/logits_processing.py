@@ -89,10 +89,10 @@ class LogitsProcessing:
         gram = [i for i, s in enumerate(states) if s is not None and s.matcher is not None]
         if not pen and not gram:
             return None
-        bitmask = self._grammar_tok.fill_bitmask([states[i].matcher for i in gram]) \
-            if gram else None
-
         def run(logits: torch.Tensor) -> torch.Tensor:
+            # called once the forward is launched: on a GPU the host-side mask fill overlaps it
+            bitmask = self._grammar_tok.fill_bitmask([states[i].matcher for i in gram]) \
+                if gram else None
             if pen:   # in place: may be a CUDA graph's output buffer, so work on a copy
                 logits = logits.clone()
                 _penalize(logits, pen, [states[i] for i in pen])
