@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--ablation", action="store_true",
                    help="with --launch: run the sweep again on a server with --no-enable-prefix-caching")
     a.add_argument("--model", help="model id (default: the first of /v1/models)")
+    a.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                   help="chat completions, or completions over the conversation as plain text "
+                        "(models without a chat template, e.g. dummy: models)")
     a.add_argument("--api-key")
     a.add_argument("--concurrency", type=_ints, default=[1], help="sessions at once, a sweep: 1,4,16")
     a.add_argument("--sessions", type=int, default=None,
@@ -102,7 +105,8 @@ def run_agentic(args) -> dict:
     cfg = agentic.RunConfig(url=args.url or "", model=args.model, duration_s=args.duration,
                             arrival_rate=args.arrival_rate, request_timeout_s=args.request_timeout,
                             temperature=args.temperature, ignore_eos=args.ignore_eos,
-                            num_gpus=args.num_gpus, api_key=args.api_key, seed=args.seed)
+                            num_gpus=args.num_gpus, api_key=args.api_key, seed=args.seed,
+                            endpoint=args.endpoint)
     make = _make_sessions(args)
     runs = []
     if args.url:

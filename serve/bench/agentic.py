@@ -38,6 +38,7 @@ class RunConfig:
     num_gpus: int = 1
     api_key: str | None = None
     seed: int = 0
+    endpoint: str = "chat"              # or "completions" (the conversation as plain text)
 
     @property
     def headers(self) -> dict | None:
@@ -69,7 +70,8 @@ async def _run_session(client, cfg: RunConfig, model: str, session: Session, dea
         try:
             await stream_chat(client, cfg.url, model, list(history), turn.max_tokens, rec,
                               ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
-                              timeout_s=cfg.request_timeout_s, headers=cfg.headers)
+                              timeout_s=cfg.request_timeout_s, headers=cfg.headers,
+                              endpoint=cfg.endpoint)
         except asyncio.CancelledError:
             rec.error = "cancelled"
             raise

@@ -59,17 +59,32 @@ def _error_kind(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def render_plain(messages: list[dict]) -> str:
+    """The conversation as one text prompt (for /v1/completions: models without a chat
+    template). Appending a turn only appends text, so a turn's prompt extends the last one's."""
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+
+
 async def stream_chat(client: httpx.AsyncClient, url: str, model: str, messages: list[dict],
                       max_tokens: int, record: RequestRecord, *, ignore_eos: bool = True,
                       temperature: float = 0.0, timeout_s: float = 600.0,
-                      headers: dict | None = None) -> RequestRecord:
-    """POST /v1/chat/completions with stream=True and fill `record` as chunks arrive."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                      headers: dict | None = None, endpoint: str = "chat") -> RequestRecord:
+    """Stream one request and fill `record` as chunks arrive: POST /v1/chat/completions, or
+    with endpoint="completions" /v1/completions on `render_plain(messages)`."""
+    body = {"model": model, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": temperature}
+    if endpoint == "chat":
+        body["messages"] = messages
+        path = "/v1/chat/completions"
+    elif endpoint == "completions":
+        body["prompt"] = render_plain(messages)
+        path = "/v1/completions"
+    else:
+        raise ValueError(f"endpoint: expected 'chat' or 'completions', got {endpoint!r}")
     if ignore_eos:
         body["ignore_eos"] = True    # an extension vLLM and this server take: exact output lengths
     try:
-        async with client.stream("POST", url.rstrip("/") + "/v1/chat/completions", json=body,
+        async with client.stream("POST", url.rstrip("/") + path, json=body,
                                  headers=headers, timeout=timeout_s) as resp:
             if resp.status_code != 200:
                 await resp.aread()
@@ -88,12 +103,13 @@ async def stream_chat(client: httpx.AsyncClient, url: str, model: str, messages:
                 now = time.perf_counter()
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    piece = delta.get("content") or delta.get("reasoning_content") or ""
+                    piece = (delta.get("content") or delta.get("reasoning_content")
+                             or choice.get("text") or "")
                     if piece:
                         record.first_token = record.first_token or now
                         record.last_token = now
                         record.chunk_times.append(now)
-                        record.text += delta.get("content") or ""
+                        record.text += delta.get("content") or choice.get("text") or ""
                     if choice.get("finish_reason"):
                         record.finish_reason = choice["finish_reason"]
                 usage = chunk.get("usage")
