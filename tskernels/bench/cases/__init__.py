@@ -1,9 +1,7 @@
-"""Built-in benchmark cases, one module per family (importing registers them)."""
+"""Built-in benchmark cases, one module per family (importing one registers its cases). Every
+module in this folder is loaded, so a new case file needs no edit here."""
 import importlib
+import pkgutil
 
-for _m in ("norm", "activation", "rope", "store_kv", "attention", "mla", "gemm", "moe", "gdn", "sampling"):
-    try:
-        importlib.import_module(f"{__name__}.{_m}")
-    except ModuleNotFoundError as e:  # a family whose cases are not written yet
-        if e.name != f"{__name__}.{_m}":
-            raise
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
+    importlib.import_module(f"{__name__}.{_m}")
