@@ -32,17 +32,14 @@ from ...platform import platform_of
 from ...plan import PlanBase
 from ...registry import Capability, register
 from ..shared.split_kv import merge_block_d, merge_kernel
+from ._validate import (CUDA_TRAITS, DC, DR, LOG2E, MAX_AUTO_SPLITS, MAX_HEADS,  # noqa: F401
+                        PAGE_SIZES)
 
 SOURCE = Path(__file__).with_name("cuda") / "mla_decode_wgmma.cu"
 KERNEL = "mla_decode_wgmma_kernel"
 THREADS = 384          # producer + two consumer warpgroups
-DC, DR = 512, 64       # latent and rope widths
 HEADS_PER_CTA = 64
 BLOCK_N = 64           # cache rows per tile
-LOG2E = 1.4426950408889634
-PAGE_SIZES = (64, 128, 256)
-MAX_HEADS = 1024
-MAX_AUTO_SPLITS = 128
 
 
 def smem_bytes(fp8: bool = False) -> int:
@@ -192,10 +189,7 @@ class CudaMLADecodePlan(PlanBase):
         return o
 
 
-TRAITS = {"kv_lora_rank": lambda r: r == DC, "rope_dim": lambda r: r == DR,
-          "page_size": lambda p: p in PAGE_SIZES,
-          "num_heads": lambda h: 1 <= h <= MAX_HEADS,
-          "cache_like_q": lambda same: same}  # a 16-bit cache of q's dtype, or fp8
+TRAITS = CUDA_TRAITS
 # auto-selected where it was measured faster than the Triton kernel (H200, benchmarks/RESULTS.md,
 # "mla.decode": 16, 32, 64 and 128 heads at every shape, B 1-128, L 4k-32k; fp8 latents: 16 and
 # 128 heads, B 1-128; fewer heads are not measured); named, it runs any head count

@@ -30,7 +30,8 @@ from ...platform import platform_of
 from ...plan import PlanBase
 from ...registry import Capability, register
 from ..shared.split_kv import merge_block_d, merge_kernel
-from .cuda_decode import DC, DR, LOG2E, MAX_AUTO_SPLITS, MAX_HEADS, PAGE_SIZES, TRAITS
+from ._validate import CUDA_TRAITS as TRAITS
+from ._validate import DC, DR, LOG2E, MAX_AUTO_SPLITS, MAX_HEADS, PAGE_SIZES
 
 SOURCE = Path(__file__).with_name("cuda") / "mla_decode_tcgen05.cu"
 KERNEL = "mla_decode_tcgen05_kernel"
