@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=list(DTYPE_ALIASES), default="auto",
                    help="weights and activations; auto: float32 on the CPU, bfloat16 on a GPU; "
                         "half = float16, float = float32 (default: %(default)s)")
+    e.add_argument("--quantization", choices=["auto", "none", "int8"], default="auto",
+                   help="weight-only quantization: int8 keeps dense weights as int8 with a "
+                        "scale per row (CPU only); auto: int8 on the CPU when --dtype is auto, "
+                        "else none (docs/CPU.md; default: %(default)s)")
     e.add_argument("--device", default="auto",
                    help="auto (a GPU when there is one), cpu, cuda or cuda:N (default: %(default)s)")
     e.add_argument("--threads", type=int, default=default_threads(),
@@ -134,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
                 "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
-                "device", "seed", "threads")
+                "quantization", "device", "seed", "threads")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -34,6 +34,8 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.85
     enable_prefix_caching: bool = True
     dtype: str = "auto"
+    # weight-only quantization: "auto" (int8 on the CPU when dtype is "auto"), "none", "int8"
+    quantization: str = "auto"
     seed: int = 0
     device: str = "auto"
     num_kv_pages: int | None = None  # explicit pool size (pages, excluding the null page 0)
@@ -58,6 +60,8 @@ class EngineArgs:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             bad("dtype", f"'auto' or one of {sorted(DTYPES)}")
+        if self.quantization not in ("auto", "none", "int8"):
+            bad("quantization", "'auto', 'none' or 'int8'")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "a positive int or None")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):

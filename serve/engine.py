@@ -23,7 +23,7 @@ import scheduler
 from .config import DTYPES, EngineArgs, default_page_size, eos_token_ids, load_model_config
 from .model_runner import ModelRunner, SampleRequest
 from .logits_processing import LogitsProcessing, LogitsState
-from .models import model_class
+from .models import model_class, quant
 from .sampling_params import GenerateOutput, RequestOutput, SamplingParams
 from .weights import build_model
 
@@ -80,9 +80,12 @@ class Engine:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {cap}")
         self._tokenizer = self._own_tokenizer(ckpt)
+        self.quantization = quant.resolve(args.quantization, device=self.device,
+                                          dtype_arg=args.dtype)
         self.model = build_model(model_class(hf_cfg), hf_cfg, device=self.device,
                                  dtype=self.dtype, max_position=self.max_model_len,
-                                 checkpoint=ckpt, seed=args.seed)
+                                 checkpoint=ckpt, seed=args.seed,
+                                 quantization=self.quantization)
         self.runner = ModelRunner(self.model, hf_cfg, args, device=self.device, dtype=self.dtype,
                                   max_model_len=self.max_model_len)
         self.kv_capacity = (self.runner.num_pages - 1) * args.page_size
@@ -108,7 +111,8 @@ class Engine:
                   * pool.bytes_per_token(self.runner.spec, pool.dtype)) / 2**30
         log.info("engine ready: %s on %s (%s); max-model-len %d; prefix caching %s; KV pool "
                  "%.3f GiB (%d pages of %d tokens = %d tokens, %s); %d threads; backends: %s",
-                 self.model_name, self.device, str(self.dtype).removeprefix("torch."),
+                 self.model_name, self.device, str(self.dtype).removeprefix("torch.")
+                 + (", int8 weights" if self.quantization == "int8" else ""),
                  self.max_model_len, "on" if args.enable_prefix_caching else "off", kv_gib,
                  self.runner.num_pages - 1, args.page_size, self.kv_capacity,
                  str(pool.dtype).removeprefix("torch."), torch.get_num_threads(),

@@ -29,7 +29,8 @@ SAMPLING_EPS = 1e-5
 # built), fp32 / bf16 norms / SiLU / RoPE in C++ ("cpu_native") and the batched attention
 # ("torch_cpu": C++ decode for fp32 / bf16 caches, page gather + SDPA otherwise; not fp8).
 SERVE_POLICY = tskernels.KernelPolicy(
-    {"gemm.mm": ("cpu_stream", "torch_native"), "norm": ("cpu_native",),
+    {"gemm.mm": ("cpu_stream", "torch_native"), "gemm.int8w_mm": ("cpu_stream",),
+     "norm": ("cpu_native",),
      "activation": ("cpu_native",), "rope": ("cpu_native",), "attention": ("torch_cpu",)},
     name="serve")
 

@@ -21,9 +21,10 @@ _IGNORED = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cach
 
 
 def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str | None,
-                seed: int = 0):
+                seed: int = 0, quantization: str = "none"):
     """Instantiate `cls(cfg)` on `device` in `dtype` (fp32 where the model asks), then load the
-    checkpoint directory, or random weights when it is None."""
+    checkpoint directory, or random weights when it is None. quantization "int8": the dense
+    weights are then kept as int8 with per-row scales (serve.models.quant)."""
     with torch.device(device):
         model = cls(cfg, device=device, max_position=max_position)
         block = fp8_block_size(cfg)
@@ -39,6 +40,12 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
         load_checkpoint(model, checkpoint)
     if hasattr(model, "post_load"):
         model.post_load()
+    if quantization == "int8":
+        from .models import quant
+
+        quant.quantize_int8(model)
+    elif quantization != "none":
+        raise ValueError(f"quantization: expected 'none' or 'int8', got {quantization!r}")
     return model.eval()
 
 

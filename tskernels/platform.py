@@ -62,12 +62,84 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-_CPU = Platform(vendor="cpu", name="cpu")
-_CPU_INTERP = Platform(vendor="cpu", name="cpu", interpreter=True)
+# CPU features a CPU kernel may require, by the name /proc/cpuinfo gives them (x86 "flags",
+# AArch64 "Features": asimd is NEON). TSKERNELS_CPU_ISA caps them (and the C++ kernels' SIMD
+# level, tskernels/csrc/cpu_common.h) so that a narrower CPU's path can be measured on a wider one.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_tile",
+                "amx_bf16", "amx_int8", "neon", "sve", "sve2", "asimddp", "bf16", "i8mm")
+_ISA_CAPS = {  # cap -> features it removes
+    "avx512": ("amx_tile", "amx_bf16", "amx_int8"),
+    "avx2": ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
+             "amx_int8"),
+    "neon": ("sve", "sve2"),
+    "scalar": CPU_FEATURES,
+}
+ISA_ENV = "TSKERNELS_CPU_ISA"
+
+
+@functools.lru_cache(maxsize=1)
+def detected_cpu_features() -> frozenset[str]:
+    """The CPU's SIMD features (names as in CPU_FEATURES) from /proc/cpuinfo, else from torch's
+    own detection (torch.backends.cpu.get_cpu_capability()); empty when neither answers."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags.update(val.split())
+                    break
+    except OSError:
+        pass
+    if "asimd" in flags:
+        flags.add("neon")
+    if not flags:  # no /proc (macOS, Windows): torch knows the vector ISA it dispatches to
+        try:
+            cap = torch.backends.cpu.get_cpu_capability().upper()
+        except Exception:
+            cap = ""
+        if cap.startswith("AVX512"):
+            flags |= {"avx512f", "avx512bw", "avx2", "fma"}
+        elif cap.startswith("AVX2"):
+            flags |= {"avx2", "fma"}
+        elif cap in ("NEON", "SVE", "SVE256") or platform_machine() in ("arm64", "aarch64"):
+            flags.add("neon")
+            if cap.startswith("SVE"):
+                flags.add("sve")
+    return frozenset(f for f in CPU_FEATURES if f in flags)
+
+
+def platform_machine() -> str:
+    import platform as _pl
+
+    try:
+        return _pl.machine().lower()
+    except Exception:
+        return ""
+
+
+def isa_cap() -> str | None:
+    """The TSKERNELS_CPU_ISA cap ("avx512", "avx2", "neon", "scalar"), or None (unset or not
+    one of those: ignored, since describing the platform never raises)."""
+    v = os.environ.get(ISA_ENV, "").strip().lower()
+    return v if v in _ISA_CAPS else None
+
+
+def cpu_features() -> frozenset[str]:
+    """detected_cpu_features() minus what the TSKERNELS_CPU_ISA cap removes."""
+    feats = detected_cpu_features()
+    cap = isa_cap()
+    return feats - frozenset(_ISA_CAPS[cap]) if cap else feats
 
 
 def _cpu() -> Platform:
-    return _CPU_INTERP if interpreter_enabled() else _CPU
+    return _cpu_platform(isa_cap(), interpreter_enabled())
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_platform(cap: str | None, interpreter: bool) -> Platform:
+    name = "cpu" if cap is None else f"cpu ({ISA_ENV}={cap})"
+    return Platform(vendor="cpu", name=name, features=cpu_features(), interpreter=interpreter)
 
 
 def nvidia_features(sm: int) -> frozenset[str]:

@@ -66,6 +66,9 @@ class Capability:
     # Python packages the backend needs at run time (e.g. CuPy to compile and launch CUDA
     # sources): without them it is not selectable, rather than failing when called
     modules: frozenset[str] = frozenset()
+    # Alternatives, at least one of which the platform must have in full (a CPU kernel with an
+    # AVX-512, an AVX2+FMA and a NEON path: ({"avx512f"}, {"avx2", "fma"}, {"neon"})); () = none
+    any_features: tuple[frozenset[str], ...] = ()
 
     def mismatch(self, p: Platform) -> str | None:
         """Why this capability does not fit platform `p`, or None when it does."""
@@ -81,8 +84,11 @@ class Capability:
         if p.vendor == "amd" and self.gfx is not None and p.arch not in self.gfx:
             return f"arch {p.arch} not in {sorted(self.gfx)}"
         missing = self.features - p.features
-        if missing and p.vendor != "cpu":
-            return f"missing features {sorted(missing)}"
+        if missing:
+            return f"missing features {sorted(missing)} (has {sorted(p.features) or 'none'})"
+        if self.any_features and not any(alt <= p.features for alt in self.any_features):
+            alts = " or ".join("+".join(sorted(a)) for a in self.any_features)
+            return f"needs {alts} (has {sorted(p.features) or 'none'})"
         absent = sorted(m for m in self.modules if not _module_available(m))
         if absent:
             return f"needs the Python package(s) {absent}, not installed"
@@ -381,6 +387,8 @@ def explain(family: str, op: str, *, device=None, formats=None, traits=None, obj
     lines = [f"{family}.{op} on {p.target} ({p.name}); formats={dict(formats or {})} "
              f"traits={dict(traits or {})} objective={ov.objective}"
              + (f" override={ov.backend!r} from {ov.source}" if ov.backend else "")]
+    if p.vendor == "cpu":
+        lines.append(f"  cpu features: {' '.join(sorted(p.features)) or 'none detected'}")
     try:
         _, report = _decide(family, op, p, formats or {}, traits or {}, ov)
     except SelectionError as e:

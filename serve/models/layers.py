@@ -13,6 +13,7 @@ from torch import nn
 import tskernels
 
 from . import bound_ops as ops
+from . import quant
 
 
 FP8 = torch.float8_e4m3fn
@@ -50,6 +51,7 @@ class Linear(nn.Module):
         self.bias = _param(sum(outs)) if bias else None
         self.weight_scale_inv = None  # float32 block scales once `to_fp8` ran
         self.block = 0
+        self.int8 = None  # (int8 weight, float32 row scales) once quant.quantize_int8 ran
         self.shards: dict[str, tuple[int, int]] = {}
         if shard_names:
             off = 0
@@ -83,6 +85,8 @@ class Linear(nn.Module):
             y = tskernels.gemm.fp8_block_mm(q, s, self.weight, self.weight_scale_inv,
                                             out_dtype=x.dtype, block=self.block)
             y = y.view(*x.shape[:-1], y.shape[-1])
+        elif self.int8 is not None:
+            y = quant.int8w_mm(x, *self.int8)
         else:
             y = ops.mm(x, self.weight)
         return y if self.bias is None else y + self.bias
@@ -266,6 +270,10 @@ class CausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "int8_lm_head", None) is not None:  # tied, weight-only int8
+            return quant.int8w_mm(hidden, *self.int8_lm_head, out_dtype=torch.float32)
+        if not self.tie and self.lm_head.int8 is not None:
+            return quant.int8w_mm(hidden, *self.lm_head.int8, out_dtype=torch.float32)
         w = self.embed_tokens.weight if self.tie else self.lm_head.weight
         return ops.mm(hidden, w, out_dtype=torch.float32)
 

@@ -1,5 +1,5 @@
 // Shared pieces of tskernels' CPU kernels (tskernels/_cpu): includes, the bf16 widening, the
-// AVX-512 exp, and the run-time AVX-512 check. One translation unit per family includes it:
+// AVX-512 exp, and the run-time SIMD level (cpu_isa). One translation unit per family includes it:
 // cpu_gemm.cpp (small-M GEMM), cpu_attention.cpp (paged decode attention, K/V row store),
 // cpu_elementwise.cpp (RMSNorm, SiLU-and-mul, RoPE); cpu_module.cpp binds them.
 #pragma once
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define TSK_X86 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define TSK_NEON 1
 #endif
 
 #include <nanobind/nanobind.h>
@@ -35,14 +39,57 @@ inline float widen(uint16_t x) {
   return f;
 }
 
-bool has_avx512() {
+// SIMD level of the CPU kernels, chosen at run time: the best the CPU has, capped by the
+// environment variable TSKERNELS_CPU_ISA ("avx512", "avx2", "neon", "scalar"; unset or
+// unknown: no cap) so that the AVX2 or portable path can be measured and tested on a bigger
+// CPU. Read on every call (a getenv is ~100 ns; a kernel call is >= microseconds), so a test
+// can change it between calls. tskernels/platform.py applies the same cap to the features the
+// registry matches kernels against.
+enum class Isa : int { scalar = 0, neon = 1, avx2 = 2, avx512 = 3 };
+
+inline Isa detected_isa() {
 #ifdef TSK_X86
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  return ok;
+  static const Isa best = (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
+                              ? Isa::avx512
+                          : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+                              ? Isa::avx2
+                              : Isa::scalar;
+  return best;
+#elif defined(TSK_NEON)
+  return Isa::neon;  // Advanced SIMD is part of the AArch64 baseline
 #else
-  return false;
+  return Isa::scalar;
 #endif
 }
+
+inline Isa isa_cap() {
+  const char* v = std::getenv("TSKERNELS_CPU_ISA");
+  if (v == nullptr || *v == 0) return Isa::avx512;
+  const std::string s(v);
+  if (s == "scalar" || s == "none" || s == "portable") return Isa::scalar;
+  if (s == "neon") return Isa::neon;
+  if (s == "avx2") return Isa::avx2;
+  return Isa::avx512;
+}
+
+inline Isa cpu_isa() {
+  const Isa best = detected_isa(), cap = isa_cap();
+  if (cap == Isa::scalar) return Isa::scalar;
+  // neon and the x86 levels are different families: a cap of the other family does not apply
+  if ((best == Isa::neon) != (cap == Isa::neon)) return best;
+  return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
+}
+
+inline const char* isa_name(Isa i) {
+  switch (i) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::neon: return "neon";
+    default: return "scalar";
+  }
+}
+
+inline bool has_avx512() { return cpu_isa() == Isa::avx512; }
 
 #ifdef TSK_X86
 // 16 weights widened to fp32 (a full vector, or the first `count` of them, zeros after).

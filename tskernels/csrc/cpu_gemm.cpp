@@ -1,5 +1,7 @@
-// CPU kernels of tskernels' CPU backends. Small-M fp32 GEMM for CPU decode steps: C[M, N] = A[M, K] . B[N, K]^T (B in the nn.Linear
-// layout), M <= 16.
+// CPU kernels of tskernels' CPU backends. Small-M GEMM for CPU decode steps:
+// C[M, N] = A[M, K] . B[N, K]^T (B in the nn.Linear layout), M <= 16, A and C fp32, B fp32,
+// bf16 (widened exactly on load) or int8 with one fp32 scale per row of B (weight-only
+// quantization: C[i, n] = scale[n] * sum_k A[i, k] * B[n, k]).
 //
 // Decode-shaped GEMMs are bound by streaming the weights B from DRAM. BLAS libraries treat them
 // as general GEMMs (packing B, i.e. reading and writing it once more) or run a GEMV per row of A,
@@ -7,26 +9,29 @@
 // weight row is read exactly once and multiplied into all M rows of A (held in L1), with up to
 // 16 independent accumulators, split over N across OpenMP threads (torch's team).
 //
-// The AVX-512 path is chosen at run time (__builtin_cpu_supports); elsewhere a portable loop
-// computes the same sums (slowly). Summation order: 16 K-lanes accumulated in K order, then a
-// tree reduction of the lanes — not BLAS's order, so results differ from torch.mm in the last
-// bits; the tests bound the error against a float64 reference.
+// One kernel body (cpu_gemm_kernel.inc) is instantiated per SIMD level: AVX-512 (16 lanes),
+// AVX2+FMA (8 lanes) and NEON (8 lanes as two 4-lane registers); the level is chosen per call
+// (cpu_isa(): what the CPU has, capped by TSKERNELS_CPU_ISA). A portable loop computes the same
+// sums elsewhere (slowly; the registry does not select this backend where it would run).
+// Summation order: W K-lanes accumulated in K order, then a reduction of the lanes and the K
+// tail — not BLAS's order, so results differ from torch.mm in the last bits; the tests bound
+// the error against a float64 reference.
 
 #include "cpu_common.h"
 
 namespace {
 
+inline float widen(int8_t x) { return static_cast<float>(x); }
+
 // ---- kernels -------------------------------------------------------------------------------
-// Weights B are fp32 (WT = float) or bf16 (WT = uint16_t, the top half of an fp32: widened
-// exactly on load); A and C are fp32.
 template <typename WT>
 struct Args {
   const float* a;
   const WT* b;
+  const float* scale;  // [N] per-row scales of int8 weights, nullptr otherwise
   float* c;
   int64_t m, n, k, lda, ldb, ldc;
 };
-
 
 template <typename WT>
 void rows_portable(const Args<WT>& p, int64_t n0, int64_t n1) {
@@ -38,103 +43,126 @@ void rows_portable(const Args<WT>& p, int64_t n0, int64_t n1) {
       for (int64_t kk = 0; kk < p.k; ++kk) lanes[kk % 16] += x[kk] * widen(w[kk]);
       float s = 0;
       for (float v : lanes) s += v;
-      p.c[i * p.ldc + n] = s;
+      p.c[i * p.ldc + n] = p.scale != nullptr ? s * p.scale[n] : s;
     }
   }
 }
 
-#ifdef TSK_X86
-
-// MB rows of A times NB rows of B per inner iteration: MB * NB accumulators.
-template <int MB, int NB, typename WT>
-__attribute__((target("avx512f,fma"))) void block_avx512(const Args<WT>& p, int64_t m0,
-                                                          int64_t n) {
-  __m512 acc[MB][NB];
-  _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i)
-    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  const WT* w[NB];
-  _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) w[j] = p.b + (n + j) * p.ldb;
-  const float* x[MB];
-  _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i) x[i] = p.a + (m0 + i) * p.lda;
-  int64_t kk = 0;
-  for (; kk + 16 <= p.k; kk += 16) {
-    if constexpr (MB > 1) {
-      // With several rows of A each weight line takes longer to consume and the hardware
-      // prefetcher falls behind: fetch 16 KB ahead (measured: 12-15 -> 17-19 GB/s at M=8 on
-      // the dev box; no gain at M=1). Prefetches never fault past the end of B.
-      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(w[j] + kk) + 16384, _MM_HINT_T0);
-    }
-    __m512 wv[NB];
-    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) wv[j] = load_w(w[j] + kk);
-    _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i) {
-      __m512 xv = _mm512_loadu_ps(x[i] + kk);
-      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  if (kk < p.k) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (p.k - kk)) - 1u);
-    __m512 wv[NB];
-    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) wv[j] = load_w_tail(w[j] + kk, p.k - kk);
-    _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i) {
-      __m512 xv = _mm512_maskz_loadu_ps(mask, x[i] + kk);
-      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  _Pragma("GCC unroll 16") for (int i = 0; i < MB; ++i)
-    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j)
-      p.c[(m0 + i) * p.ldc + n + j] = _mm512_reduce_add_ps(acc[i][j]);
-}
-
-// Weight rows per block for MB rows of A: keep MB * NB <= 16 accumulators.
-template <int MB>
-constexpr int nb_for() {
-  return MB == 1 ? 8 : MB == 2 ? 4 : MB <= 4 ? 4 : 2;
-}
-
-template <int MB, typename WT>
-__attribute__((target("avx512f,fma"))) void rows_mb(const Args<WT>& p, int64_t m0, int64_t n0,
-                                                    int64_t n1) {
-  constexpr int NB = nb_for<MB>();
-  int64_t n = n0;
-  for (; n + NB <= n1; n += NB) block_avx512<MB, NB>(p, m0, n);
-  for (; n < n1; ++n) block_avx512<MB, 1>(p, m0, n);
-}
-
-template <typename WT>
-void rows_avx512(const Args<WT>& p, int64_t n0, int64_t n1) {
-  // A's rows in groups of <= 8 (each group streams this thread's slice of B once; with
-  // M <= 16 that is at most two passes, the second from L2/L3 for the slices that fit).
-  for (int64_t m0 = 0; m0 < p.m; m0 += 8) {
-    switch (std::min<int64_t>(8, p.m - m0)) {
-      case 1: rows_mb<1>(p, m0, n0, n1); break;
-      case 2: rows_mb<2>(p, m0, n0, n1); break;
-      case 3: rows_mb<3>(p, m0, n0, n1); break;
-      case 4: rows_mb<4>(p, m0, n0, n1); break;
-      case 5: rows_mb<5>(p, m0, n0, n1); break;
-      case 6: rows_mb<6>(p, m0, n0, n1); break;
-      case 7: rows_mb<7>(p, m0, n0, n1); break;
-      default: rows_mb<8>(p, m0, n0, n1); break;
-    }
-  }
-}
+// Weight rows per block for MB rows of A, sized to the register file: MB * NB accumulators +
+// NB weight vectors + one A vector fit in 32 (AVX-512) / 16 (AVX2, NEON pairs) registers.
+constexpr int nb_wide(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 4 : 2; }
+constexpr int nb_narrow(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 3 : mb <= 6 ? 2 : 1; }
+#ifndef TSK_AVX2_MG
+#define TSK_AVX2_MG 6
 #endif
 
+#ifdef TSK_X86
+#define TSK_TGT __attribute__((target("avx512f,fma")))
+struct SimdAvx512 {
+  using V = __m512;
+  static constexpr int W = 16, MG = 8;
+  static constexpr int nb(int mb) { return nb_wide(mb); }
+  TSK_TGT static V zero() { return _mm512_setzero_ps(); }
+  TSK_TGT static V lx(const float* p) { return _mm512_loadu_ps(p); }
+  TSK_TGT static V lw(const float* p) { return _mm512_loadu_ps(p); }
+  TSK_TGT static V lw(const uint16_t* p) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  }
+  TSK_TGT static V lw(const int8_t* p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+  }
+  TSK_TGT static V fma(V x, V w, V acc) { return _mm512_fmadd_ps(x, w, acc); }
+  TSK_TGT static float hsum(V v) { return _mm512_reduce_add_ps(v); }
+};
+namespace k_avx512 {
+using S = SimdAvx512;
+#include "cpu_gemm_kernel.inc"
+}  // namespace k_avx512
+#undef TSK_TGT
+
+#define TSK_TGT __attribute__((target("avx2,fma")))
+struct SimdAvx2 {
+  using V = __m256;
+  static constexpr int W = 8, MG = TSK_AVX2_MG;
+  static constexpr int nb(int mb) { return nb_narrow(mb); }
+  TSK_TGT static V zero() { return _mm256_setzero_ps(); }
+  TSK_TGT static V lx(const float* p) { return _mm256_loadu_ps(p); }
+  TSK_TGT static V lw(const float* p) { return _mm256_loadu_ps(p); }
+  TSK_TGT static V lw(const uint16_t* p) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+  }
+  TSK_TGT static V lw(const int8_t* p) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  }
+  TSK_TGT static V fma(V x, V w, V acc) { return _mm256_fmadd_ps(x, w, acc); }
+  TSK_TGT static float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+namespace k_avx2 {
+using S = SimdAvx2;
+#include "cpu_gemm_kernel.inc"
+}  // namespace k_avx2
+#undef TSK_TGT
+#endif  // TSK_X86
+
+#ifdef TSK_NEON
+#define TSK_TGT
+// 8 lanes as two 4-lane registers (one int8 / bf16 load widens to 8 values).
+struct SimdNeon {
+  struct V {
+    float32x4_t lo, hi;
+  };
+  static constexpr int W = 8, MG = TSK_AVX2_MG;
+  static constexpr int nb(int mb) { return nb_narrow(mb); }
+  static V zero() { return {vdupq_n_f32(0.f), vdupq_n_f32(0.f)}; }
+  static V lx(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4)}; }
+  static V lw(const float* p) { return lx(p); }
+  static V lw(const uint16_t* p) {
+    const uint16x8_t v = vld1q_u16(p);
+    return {vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)),
+            vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(v), 16))};
+  }
+  static V lw(const int8_t* p) {
+    const int16x8_t v = vmovl_s8(vld1_s8(p));
+    return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))),
+            vcvtq_f32_s32(vmovl_s16(vget_high_s16(v)))};
+  }
+  static V fma(V x, V w, V acc) {
+    return {vfmaq_f32(acc.lo, x.lo, w.lo), vfmaq_f32(acc.hi, x.hi, w.hi)};
+  }
+  static float hsum(V v) { return vaddvq_f32(vaddq_f32(v.lo, v.hi)); }
+};
+namespace k_neon {
+using S = SimdNeon;
+#include "cpu_gemm_kernel.inc"
+}  // namespace k_neon
+#undef TSK_TGT
+#endif  // TSK_NEON
+
 template <typename WT>
-void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
-               int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
+               int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
   if (m < 0 || n < 0 || k < 0 || m > 16)
     throw std::invalid_argument("gemm: need 0 <= M <= 16 and N, K >= 0");
   if (lda < k || ldb < k || ldc < n) throw std::invalid_argument("gemm: bad leading dims");
   Args<WT> p{reinterpret_cast<const float*>(a), reinterpret_cast<const WT*>(b),
-             reinterpret_cast<float*>(c), m, n, k, lda, ldb, ldc};
+             reinterpret_cast<const float*>(scale), reinterpret_cast<float*>(c),
+             m, n, k, lda, ldb, ldc};
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
     return;
   }
-  const bool avx = vector && has_avx512();
+  const Isa isa = vector ? cpu_isa() : Isa::scalar;
   nb::gil_scoped_release nogil;
   // Split N in 64-row-aligned slices over OpenMP threads: the same runtime and thread team as
   // torch's intra-op pool (torch loads libgomp first), so the two never oversubscribe the
@@ -147,10 +175,16 @@ void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int6
     const int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
     const int64_t n0 = std::min<int64_t>(n, per * tid), n1 = std::min<int64_t>(n, n0 + per);
     if (n0 >= n1) return;
+    switch (isa) {
 #ifdef TSK_X86
-    if (avx) return rows_avx512(p, n0, n1);
+      case Isa::avx512: return k_avx512::rows(p, n0, n1);
+      case Isa::avx2: return k_avx2::rows(p, n0, n1);
 #endif
-    rows_portable(p, n0, n1);
+#ifdef TSK_NEON
+      case Isa::neon: return k_neon::rows(p, n0, n1);
+#endif
+      default: return rows_portable(p, n0, n1);
+    }
   };
   if (threads == 1) {
     slice(0);
@@ -164,12 +198,18 @@ void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int6
 
 void gemm_f32(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
               int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
-  gemm_impl<float>(a, b, c, m, n, k, lda, ldb, ldc, vector);
+  gemm_impl<float>(a, b, 0, c, m, n, k, lda, ldb, ldc, vector);
 }
 
 void gemm_bf16w(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int64_t k,
                 int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
-  gemm_impl<uint16_t>(a, b, c, m, n, k, lda, ldb, ldc, vector);
+  gemm_impl<uint16_t>(a, b, 0, c, m, n, k, lda, ldb, ldc, vector);
+}
+
+void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
+              int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+  if (scale == 0) throw std::invalid_argument("gemm_i8w: scale must not be null");
+  gemm_impl<int8_t>(a, b, scale, c, m, n, k, lda, ldb, ldc, vector);
 }
 
 }  // namespace
@@ -183,4 +223,8 @@ void bind_gemm(nb::module_& mod) {
           nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"), nb::arg("ldc"),
           nb::arg("vector") = true,
           "As gemm_f32 with bf16 weights B (widened exactly); A and C float32.");
+  mod.def("gemm_i8w", &gemm_i8w, nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("c"),
+          nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"),
+          nb::arg("ldc"), nb::arg("vector") = true,
+          "C[M,N] = scale[N] * (A[M,K] . B[N,K]^T) with int8 weights B and float32 scales.");
 }

@@ -19,10 +19,11 @@ from ...registry import fmt, select
 from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
 from . import triton_fp8, triton_gemv, triton_mm  # noqa: F401  (register backends)
 from . import cuda_mm_sm100  # noqa: F401  (Blackwell tcgen05: compiled, not run)
+from .int8w import int8w_mm, quantize_int8_per_channel
 
-__all__ = ["fp8_block_mm", "gemv", "mm", "quantize_fp8_block", "quantize_fp8_per_channel",
-           "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
-           "silu_and_mul_quantize_fp8"]
+__all__ = ["fp8_block_mm", "gemv", "int8w_mm", "mm", "quantize_fp8_block",
+           "quantize_fp8_per_channel", "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
+           "quantize_int8_per_channel", "silu_and_mul_quantize_fp8"]
 
 GEMV_MAX_M = 16
 SCALE_DTYPES = (torch.float32, torch.float64)

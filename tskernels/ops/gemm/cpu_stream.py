@@ -1,12 +1,18 @@
-"""gemm.mm / gemm.gemv on the CPU for decode shapes ("cpu_stream"): fp32 or bf16, M <= 16.
+"""gemm.mm / gemm.gemv / gemm.int8w_mm on the CPU for decode shapes ("cpu_stream"): fp32, bf16
+or int8 (weight-only, per-row scales) weights, M <= 16.
 
 A decode step's GEMMs have a handful of rows (one per running request) against weights that
 come from DRAM; they are bound by how fast the weights stream. tskernels/csrc/cpu_gemm.cpp
-reads every weight row once and multiplies it into all rows of `a` (AVX-512 when the CPU has
-it, a portable loop otherwise), split over torch's OpenMP threads. On the 2-core dev box it
+reads every weight row once and multiplies it into all rows of `a`, split over torch's OpenMP
+threads, with an AVX-512, an AVX2+FMA and a NEON path chosen per call by what the CPU has
+(capped by TSKERNELS_CPU_ISA, see tskernels/platform.py). The capability says so: on a CPU with
+none of them (only the slow portable loop would run) the backend is not selectable and the
+registry (or an engine's policy) falls back to torch's own GEMM. On the 2-core dev box it
 streams fp32 weights at ~25-29 GB/s at M=1 where torch.mm (MKL) reaches ~11-15
 (`python benchmarks/cpu_gemm_probe.py`). Above 16 rows (prefill) `mm` hands over to torch.mm,
-which is compute-bound there and good at it.
+which is compute-bound there and good at it (int8_mm dequantizes for that case).
+The NEON path is compile-checked for aarch64 (tests/kernels/test_cpu_isa.py, cross compiler),
+not yet run on an ARM machine.
 
 bf16 weights are widened to fp32 exactly as they are read (half the bytes of fp32), x is
 widened once, the sums are fp32 and the result is rounded to bf16 once, like the reference.
@@ -28,7 +34,10 @@ except ImportError:  # a source checkout without the built extension
 
 BACKEND = "cpu_stream"
 MAX_M = 16
-CPU_ONLY = Capability(vendors=frozenset({"cpu"}))
+# the SIMD levels cpu_gemm.cpp has a path for; without one of them it is not selected
+CPU_SIMD = Capability(vendors=frozenset({"cpu"}),
+                      any_features=(frozenset({"avx512f", "fma"}), frozenset({"avx2", "fma"}),
+                                    frozenset({"neon"})))
 
 
 def available() -> bool:
@@ -57,7 +66,7 @@ def _convert(c: torch.Tensor, out_dtype) -> torch.Tensor:
 
 
 if _cpu is not None:
-    _KW = dict(backend=BACKEND, capability=CPU_ONLY, band="portable", run_verified=("cpu",),
+    _KW = dict(backend=BACKEND, capability=CPU_SIMD, band="portable", run_verified=("cpu",),
                opt_in=True, tags=("deterministic",),
                formats={"a": ("fp32", "bf16"), "b": ("fp32", "bf16"),
                         "c": ("fp32", "bf16", "fp64")})
@@ -73,3 +82,26 @@ if _cpu is not None:
     def gemv(a, b, *, out_dtype=None):
         """c = a @ b.T for M <= 16 with the weight-streaming kernel."""
         return _convert(_small_mm(a, b), out_dtype or a.dtype)
+
+    @register("gemm", "int8w_mm", backend=BACKEND, capability=CPU_SIMD, band="portable",
+              run_verified=("cpu",), opt_in=True, tags=("deterministic",),
+              formats={"a": ("fp32", "bf16"), "b": ("int8",), "c": ("fp32", "bf16")})
+    def int8w_mm(a, q, scale, *, out_dtype=None):
+        """c = a @ (q * scale).T: int8 weights streamed packed for M <= 16, dequantized into
+        torch.mm above (prefill is compute-bound)."""
+        out_dtype = out_dtype or a.dtype
+        if a.shape[0] > MAX_M:
+            w = q.to(torch.float32) * scale[:, None]
+            return _convert(torch.mm(a.float(), w.t()), out_dtype)
+        x = a if a.dtype == torch.float32 else a.float()
+        if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
+            x = x.contiguous()
+        if q.stride(-1) != 1 or (q.shape[0] > 1 and q.stride(0) < q.shape[1]):
+            q = q.contiguous()
+        s = scale.contiguous()
+        m, k = x.shape
+        n = q.shape[0]
+        c = torch.empty(m, n, dtype=torch.float32)
+        _cpu.gemm_i8w(x.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(), m, n, k,
+                      x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k, n)
+        return _convert(c, out_dtype)

@@ -1,0 +1,62 @@
+"""Weight-only int8 serving on the CPU (`--quantization int8`).
+
+After the checkpoint is loaded, every dense Linear (and the logits projection, tied or not)
+gets int8 weights with one float32 scale per output row (tskernels.gemm.quantize_int8_per_channel)
+and its float weight is freed; forward then runs tskernels' gemm.int8w_mm, which streams the
+packed int8 weights (the CPU C++ kernel "cpu_stream" under the engine's policy). The embedding
+lookup keeps its float table. Accuracy is bounded by tests/serve/test_quantized_cpu.py
+(perplexity and logit error vs fp32 on a fixed text; docs/CPU.md has the figures).
+"""
+from __future__ import annotations
+
+import torch
+
+import tskernels
+from tskernels import fmt
+
+from . import bound_ops
+
+MODES = ("auto", "none", "int8")
+
+
+def resolve(mode: str, *, device: torch.device, dtype_arg: str) -> str:
+    """The quantization a engine runs: "auto" is int8 on the CPU when the dtype is left to the
+    engine (the fastest CPU mode within the documented tolerance), else "none"."""
+    if mode not in MODES:
+        raise ValueError(f"quantization: expected one of {MODES}, got {mode!r}")
+    if mode == "auto":
+        return "int8" if device.type == "cpu" and dtype_arg == "auto" else "none"
+    if mode == "int8" and device.type != "cpu":
+        raise ValueError("quantization: 'int8' (weight-only) runs on the CPU only; "
+                         f"the engine's device is {device}")
+    return mode
+
+
+def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """c = a @ (q * scale).T with the registry's choice bound once (see bound_ops)."""
+    c = out_dtype or a.dtype
+    k = bound_ops.bind(("int8w_mm", a.dtype, c), "gemm", "int8w_mm",
+                       lambda: dict(formats={"a": fmt(a.dtype), "b": "int8", "c": fmt(c)}))
+    return k(a, q, scale, out_dtype=out_dtype)
+
+
+def quantize_int8(model) -> int:
+    """Quantize the model's dense Linears and its logits projection in place; returns the
+    number of weight bytes saved (float weights freed minus int8 + scales kept)."""
+    from .layers import Linear
+
+    saved = 0
+    for mod in model.modules():
+        if isinstance(mod, Linear) and mod.weight_scale_inv is None and mod.weight.dim() == 2:
+            w = mod.weight
+            mod.int8 = tskernels.gemm.quantize_int8_per_channel(w)
+            saved += w.numel() * w.element_size() - w.numel() - 4 * w.shape[0]
+            mod.weight = torch.nn.Parameter(w.new_empty(0, w.shape[1]), requires_grad=False)
+    if getattr(model, "tie", False) and hasattr(model, "embed_tokens"):
+        # tied logits: the embedding keeps its float table for the lookup, the projection
+        # reads an int8 copy (the largest matrix of a small model: 49152 x 576 in SmolLM2)
+        w = model.embed_tokens.weight
+        model.int8_lm_head = tskernels.gemm.quantize_int8_per_channel(w)
+        saved -= w.numel() + 4 * w.shape[0]
+    return saved
