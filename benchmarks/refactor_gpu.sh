@@ -16,13 +16,14 @@ STAGE=${STAGE:-all}
 
 if [ "$STAGE" = bench ] || [ "$STAGE" = all ]; then
   # before any editable install (ab_bench bypasses one anyway): each tree imports its own code
-  timeout 560 python benchmarks/ab_bench.py --old .cache/old --new . --out "$OUT" --rounds 1 \
+  timeout ${BENCH_TIMEOUT:-560} python benchmarks/ab_bench.py --old .cache/old --new . --out "$OUT" --rounds 1 \
     --op attention.decode:graph --op attention.extend:eager --op mla.decode:graph 2>&1 | tail -30
 fi
 
 install() {
   export TSKERNELS_TEST_SHARDS=15 OMP_NUM_THREADS=1
-  pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null && export PYTHONPATH=$PWD:/tmp/site
+  pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .gpuwhl/*.whl 2>/dev/null \
+    && export PYTHONPATH=$PWD:/tmp/site
   python -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
 }
 P="--pytest-arg=-n --pytest-arg=15 --pytest-arg=-p --pytest-arg=no:cacheprovider --pytest-arg=--timeout=240"
@@ -30,7 +31,7 @@ K=tests/kernels
 
 if [ "$STAGE" = tier1 ] || [ "$STAGE" = all ]; then  # paged attention
   install
-  timeout 560 python benchmarks/gpu_tier.py --timeout 540 --out "$OUT/gpu_tier_refactor_attention.json" $P \
+  timeout ${TIER_TIMEOUT:-560} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-560} - 20 )) --out "$OUT/gpu_tier_refactor_attention.json" $P \
     --kernel attention.decode.triton=$K/test_attention_decode.py,$K/test_attention_graph.py \
     --kernel attention.decode.cuda=$K/test_attention_cuda.py \
     --kernel attention.extend.triton=$K/test_attention_extend.py \
@@ -43,7 +44,7 @@ fi
 
 if [ "$STAGE" = tier2 ] || [ "$STAGE" = all ]; then  # MLA, kvcache, row ops, conformance, graphs
   install
-  timeout 560 python benchmarks/gpu_tier.py --timeout 540 --out "$OUT/gpu_tier_refactor_rest.json" $P \
+  timeout ${TIER_TIMEOUT:-560} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-560} - 20 )) --out "$OUT/gpu_tier_refactor_rest.json" $P \
     --kernel mla.decode.triton=$K/test_mla.py \
     --kernel mla.extend.triton=$K/test_mla.py \
     --kernel mla.decode.cuda=$K/test_mla_cuda.py \
@@ -54,5 +55,7 @@ if [ "$STAGE" = tier2 ] || [ "$STAGE" = all ]; then  # MLA, kvcache, row ops, co
     --kernel activation.silu_and_mul.triton=$K/test_activation.py \
     --kernel conformance=tests/registry/test_conformance.py \
     --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
+    --kernel autotune.tuned_vs_heuristic=tests/autotune/test_tuning_gpu.py,tests/autotune/test_kernel_spaces.py,$K/test_attention_tuned.py \
+    --kernel "gdn.launch_variants=$K/test_gdn.py::test_decode_block_widths|test_prefill_launch_variants" \
     2>&1 | tail -30
 fi
