@@ -41,3 +41,27 @@ def test_bench_several_ops_and_modes_into_a_directory(tmp_path, capsys):
     res = json.loads((tmp_path / "norm_rmsnorm.json").read_text())
     assert res["op"] == "norm.rmsnorm" and res["rows"][0]["ours"]["us"] > 0
     assert main(["norm.rmsnorm", "--modes", "eager,sideways"]) == 2
+
+
+@pytest.mark.parametrize("op", ["attention.decode", "attention.extend"])
+def test_attention_bench_runs_on_cpu_and_names_the_backend(op, capsys):
+    """No --backend on a CPU: ours is the registry's choice there, Triton-only rows are left
+    out, and the JSON / table say which backend ran."""
+    assert main([op, "--json", "-", "--iters", "1"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["backend"] == "selected: reference"
+    row = res["rows"][0]
+    assert row["ours_backend"] == "reference" and row["ours"]["us"] > 0
+    import tskernels
+    # under TRITON_INTERPRET=1 (the test tier) the Triton rows run in the interpreter
+    triton_here = tskernels.available("attention", op.split(".")[1], "triton", device="cpu")
+    assert ("tskernels_triton" in row) is triton_here and "torch_sdpa_contiguous" in row
+
+
+def test_attention_bench_without_triton_leaves_its_rows_out():
+    out = subprocess.run([sys.executable, "-m", "tskernels.bench.cli", "attention.decode",
+                          "--iters", "1"], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "TRITON_INTERPRET": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "[selected: reference]" in out.stdout and "[reference]" in out.stdout
+    assert "tskernels_triton" not in out.stdout

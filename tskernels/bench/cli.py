@@ -47,6 +47,8 @@ def _table(res: dict) -> str:
     for row in res["rows"]:
         o = row["ours"]
         shape = ",".join(f"{k}={v}" for k, v in row["shape"].items())
+        if "ours_backend" in row:
+            shape += f" [{row['ours_backend']}]"
         extra = "".join(f"  {k}: {v['us']:.1f}us (ours x{v['speedup_of_ours']})"
                         for k, v in row.items() if isinstance(v, dict) and k not in ("ours", "shape"))
         gbps = f" {o['GB/s']} GB/s ({o.get('pct_of_copy_roofline')}% roof)" if o["GB/s"] else ""

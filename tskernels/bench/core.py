@@ -157,8 +157,13 @@ def run_bench(name: str, shapes: list[dict] | None = None, *, device: str | None
             sets = [b.prepare(s) for s in sets]
         row = {"shape": shape, "input_sets": n_sets, "bytes": b.bytes(shape),
                "flops": b.flops(shape)}
+        # a prepared set may name baselines that cannot run here (`_skip`) and the backend
+        # `ours` ran (`_ran`); the table says which
+        skip = sets[0].get("_skip", ()) if isinstance(sets[0], dict) else ()
+        if isinstance(sets[0], dict) and "_ran" in sets[0]:
+            row["ours_backend"] = sets[0]["_ran"]
         fns = {"ours": b.ours, **{k: f for k, f in b.baselines.items()
-                                  if baselines is None or k in baselines}}
+                                  if (baselines is None or k in baselines) and k not in skip}}
         for label, fn in fns.items():
             us = statistics.median(time_fn(fn, sets, device, iters=iters, graph=graph))
             row[label] = {"us": round(us, 3),
@@ -173,6 +178,8 @@ def run_bench(name: str, shapes: list[dict] | None = None, *, device: str | None
         rows.append(row)
         del sets, first
     dev_name = "cpu" if device == "cpu" else torch.cuda.get_device_name(device)
-    return {"op": name, "backend": "selected", "device": dev_name, "torch": torch.__version__,
+    ran = sorted({r["ours_backend"] for r in rows if "ours_backend" in r})
+    return {"op": name, "backend": "selected: " + "/".join(ran) if ran else "selected",
+            "device": dev_name, "torch": torch.__version__,
             "copy_roofline_GBps": round(roof, 1), "graph": graph, "iters": iters,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}

@@ -48,17 +48,39 @@ def _make_decode(shape, device, gen):
     return d
 
 
+_PLAN_MODULES = {"triton_decode": "triton", "triton_extend": "triton", "cuda_decode": "cuda",
+                 "reference": "reference", "torch_cpu": "torch_cpu"}
+
+
+def _plan_backend(plan) -> str:
+    """The backend a plan belongs to (what `ours` ran), from its module."""
+    mod = type(plan).__module__.rsplit(".", 1)[-1]
+    if mod == "cuda_extend":
+        return "cuda_paged" if getattr(plan, "paged", False) else "cuda"
+    return getattr(plan, "backend", None) or _PLAN_MODULES.get(mod, mod)
+
+
+def _triton_here(op: str, device) -> bool:
+    import tskernels
+    return tskernels.available("attention", op, "triton", device=device)
+
+
 def _prepare_decode(d):
     d = dict(d)
     fp8 = d["kc"].dtype == FP8
-    for name, backend in (("plan", None), ("plan_separate_merge", None),
-                          ("plan_triton", "triton")):
+    plans = [("plan", None)]
+    if _triton_here("decode", d["q"].device):   # the side-by-side Triton rows need Triton
+        plans += [("plan_separate_merge", None), ("plan_triton", "triton")]
+    else:
+        d["_skip"] = ("tskernels_separate_merge", "tskernels_triton")
+    for name, backend in plans:
         d[name] = attn.decode_plan(d["pt"], d["lens"], num_q_heads=HQ, k_cache=d["kc"],
                                    q_dtype=DT, kv_scale_mode="per_tensor" if fp8 else None,
                                    max_seq_len=d["pt"].shape[1] * PAGE, backend=backend)
-    if hasattr(d["plan_separate_merge"], "fused_merge"):
+    if hasattr(d.get("plan_separate_merge"), "fused_merge"):
         d["plan_separate_merge"].fused_merge = False
     d["out"] = torch.empty_like(d["q"])
+    d["_ran"] = _plan_backend(d["plan"])
     return d
 
 
@@ -123,8 +145,12 @@ def _prepare_extend(d):
                                  q_dtype=DT)
     # the Triton kernel side by side (the registry picks the CUDA one for plain prefill on
     # sm_90, where it is run-verified)
-    d["plan_triton"] = attn.extend_plan(d["qo"], d["pt"], d["lens"], num_q_heads=HQ,
-                                        k_cache=d["kc"], q_dtype=DT, backend="triton")
+    if _triton_here("extend", d["q"].device):
+        d["plan_triton"] = attn.extend_plan(d["qo"], d["pt"], d["lens"], num_q_heads=HQ,
+                                            k_cache=d["kc"], q_dtype=DT, backend="triton")
+    else:
+        d["_skip"] = ("tskernels_triton", "tskernels_paged_only")
+    d["_ran"] = _plan_backend(d["plan"])
     d["out"] = torch.empty_like(d["q"])
     d["qt"] = d["q"].transpose(0, 1).unsqueeze(0)  # [1, HQ, N, D] view for SDPA
     n, L = d["q"].shape[0], d["kcont"].shape[2]
