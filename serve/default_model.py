@@ -69,7 +69,10 @@ def smollm2_dir() -> str:
     gguf_path = find_gguf()
     log.info("converting %s to %s (once)", gguf_path, out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}-", dir=out.parent))
+    _remove_stale_temp_dirs(out.parent)
+    # the pid in the name lets a later start remove what a killed conversion left (SIGTERM /
+    # SIGKILL end the process without running the `finally` below)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}-{os.getpid()}-", dir=out.parent))
     try:
         convert_gguf(gguf_path, tmp)
         try:
@@ -80,6 +83,21 @@ def smollm2_dir() -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(out)
+
+
+def _remove_stale_temp_dirs(parent: Path) -> None:
+    """Delete conversion temp dirs whose converting process no longer runs."""
+    for d in parent.glob(f".{MODEL_NAME}-*-*"):
+        pid = d.name[len(MODEL_NAME) + 2:].split("-", 1)[0]
+        if not pid.isdigit() or not d.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            log.info("removing %s, left by an interrupted conversion", d)
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:   # alive, another user's
+            pass
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -108,8 +126,11 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         raise ValueError(f"{gguf_path}: architecture {arch!r}, only 'llama' is supported")
     n_head = int(_field(reader, "llama.attention.head_count"))
     n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
+    from tqdm import tqdm
+
     tensors = {}
-    for t in reader.tensors:
+    for t in tqdm(reader.tensors, desc=f"{MODEL_NAME}: GGUF -> safetensors (once)",
+                  unit="tensor", mininterval=0.5, leave=False):
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF dims are fastest-first
         name = t.name
