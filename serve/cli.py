@@ -225,6 +225,7 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     import uvicorn
 
     from serve.api import EngineClient, EngineDeadError, ServerState, build_app
+    from serve.metrics import ServerMetrics
     from serve.api.reasoning import resolve_parser as resolve_reasoning_parser
     from serve.api.tools import resolve_tool_parser
 
@@ -265,7 +266,8 @@ async def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         name = args.served_model_name or info["model_name"]
         state = ServerState(client=client, tokenizer=info["tokenizer"], model_name=name,
                             max_model_len=info["max_model_len"],
-                            model_names={name, info["model_name"], args.model}, limits=limits)
+                            model_names={name, info["model_name"], args.model}, limits=limits,
+                            metrics=ServerMetrics(name))
         state.tool_call_parser = resolve_tool_parser(args.tool_call_parser, state.tokenizer)
         state.reasoning_parser = resolve_reasoning_parser(args.reasoning_parser, state.tokenizer)
         log.info("chat output: tool calls parsed as %s, reasoning parser %s",

@@ -1,73 +1,54 @@
-"""Prometheus text exposition for the server, without a client library.
+"""/metrics: Prometheus text built with `prometheus_client`, one registry per API process.
 
 Latency histograms and request counters are observed in the API process; the engine's gauges
 (running/waiting requests, KV pool, prefix cache) arrive with every engine step over ZMQ and are
-rendered as they were last reported.
+exposed as last reported, by a collector read at scrape time. Every `serve_*` sample carries a
+`model_name` label (vLLM's convention); the process collectors add `process_*` (CPU, memory,
+open files) and `python_*` (GC, platform) samples.
 """
 from __future__ import annotations
 
-import bisect
-from collections import defaultdict
+import re
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "serve_"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
-
-
-def _fmt(v: float) -> str:
-    if v == float("inf"):
-        return "+Inf"
-    v = float(v)
-    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
-    if not pairs:
-        return ""
-    body = ",".join(f'{k}="{_escape(str(v))}"' for k, v in pairs)
-    return "{" + body + "}"
+prometheus_client.disable_created_metrics()   # no *_created samples next to every series
 
 
 class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS):
-        self.name, self.help, self.buckets = PREFIX + name, help_text, buckets
-        self.counts = [0] * (len(buckets) + 1)   # the last slot is +Inf
-        self.sum = 0.0
-        self.count = 0
+    """A latency histogram (seconds) of one model."""
+
+    def __init__(self, registry, model_name: str, name: str, help_text: str,
+                 buckets: tuple[float, ...] = _LATENCY_BUCKETS):
+        self.name = PREFIX + name
+        self._h = prometheus_client.Histogram(self.name, help_text, ["model_name"],
+                                              buckets=buckets, registry=registry)
+        self._child = self._h.labels(model_name=model_name)
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
-        for bound, n in zip(self.buckets + (float("inf"),), self.counts):
-            cumulative += n
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {cumulative}')
-        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {self.count}"]
-        return lines
+        self._child.observe(value)
 
 
 class Counter:
-    def __init__(self, name: str, help_text: str):
-        self.name, self.help = PREFIX + name, help_text
-        self.values: dict[tuple, float] = defaultdict(float)
+    """A counter of one model, with the label names given here (values at `inc`)."""
+
+    def __init__(self, registry, model_name: str, name: str, help_text: str,
+                 labels: tuple[str, ...] = ()):
+        self.name, self.labels, self.model_name = PREFIX + name, labels, model_name
+        self._c = prometheus_client.Counter(self.name, help_text, ["model_name", *labels],
+                                            registry=registry)
+        if not labels:
+            self._c.labels(model_name=model_name)   # a 0 sample before the first inc
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self.values[tuple(sorted(labels.items()))] += amount
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        if not self.values:
-            lines.append(f"{self.name} 0")
-        lines += [f"{self.name}{_labels(k)} {_fmt(v)}" for k, v in sorted(self.values.items())]
-        return lines
+        if set(labels) != set(self.labels):
+            raise ValueError(f"{self.name}: labels {sorted(labels)}, expected {list(self.labels)}")
+        self._c.labels(model_name=self.model_name, **{k: str(v) for k, v in labels.items()}).inc(amount)
 
 
 # engine stats key -> (metric name, type, help)
@@ -86,45 +67,65 @@ _ENGINE_GAUGES = {
 }
 
 
-class ServerMetrics:
-    """Everything /metrics shows; one instance per API process."""
+class _StateCollector:
+    """The values read at scrape time: requests in flight, engine liveness, engine stats."""
 
-    def __init__(self):
-        self.ttft = Histogram("time_to_first_token_seconds", "Time from request arrival to its first generated token.")
-        self.itl = Histogram("inter_token_latency_seconds", "Time between consecutive generated tokens of a request.")
-        self.e2e = Histogram("e2e_request_latency_seconds", "Time from request arrival to its last token.")
-        self.requests = Counter("http_requests_total", "HTTP requests to the generation endpoints by status code.")
-        self.finished = Counter("request_success_total", "Engine requests finished, by finish reason.")
-        self.prompt_tokens = Counter("prompt_tokens_total", "Prompt tokens of admitted requests.")
-        self.generation_tokens = Counter("generation_tokens_total", "Tokens generated for clients.")
+    def __init__(self, metrics: ServerMetrics):
+        self.m = metrics
+
+    def collect(self):
+        m, model = self.m, [self.m.model_name]
+        for name, help_text, value in (
+                ("http_requests_in_flight", "Generation requests being served now.", m.in_flight),
+                ("engine_alive", "1 while the engine process is alive.", int(m.engine_alive))):
+            g = GaugeMetricFamily(PREFIX + name, help_text, labels=["model_name"])
+            g.add_metric(model, value)
+            yield g
+        for key, (metric, kind, help_text) in _ENGINE_GAUGES.items():
+            if key in m.engine_stats:
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                fam = cls(PREFIX + metric, help_text, labels=["model_name"])
+                fam.add_metric(model, float(m.engine_stats[key]))
+                yield fam
+
+
+class ServerMetrics:
+    """Everything /metrics shows; one instance (and registry) per API process."""
+
+    def __init__(self, model_name: str = "unknown", process_collectors: bool = True):
+        self.model_name = model_name
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+        self.ttft = Histogram(reg, model_name, "time_to_first_token_seconds", "Time from request arrival to its first generated token.")
+        self.itl = Histogram(reg, model_name, "inter_token_latency_seconds", "Time between consecutive generated tokens of a request.")
+        self.e2e = Histogram(reg, model_name, "e2e_request_latency_seconds", "Time from request arrival to its last token.")
+        self.requests = Counter(reg, model_name, "http_requests_total", "HTTP requests to the generation endpoints by endpoint and status code.", ("endpoint", "status"))
+        self.finished = Counter(reg, model_name, "request_success_total", "Engine requests finished, by finish reason.", ("finish_reason",))
+        self.prompt_tokens = Counter(reg, model_name, "prompt_tokens_total", "Prompt tokens of admitted requests.")
+        self.generation_tokens = Counter(reg, model_name, "generation_tokens_total", "Tokens generated for clients.")
         self.in_flight = 0
         self.engine_stats: dict = {}
         self.engine_alive = True
+        reg.register(_StateCollector(self))
+        if process_collectors:
+            ProcessCollector(registry=reg)
+            PlatformCollector(registry=reg)
+            GCCollector(registry=reg)
 
     def render(self) -> str:
-        lines: list[str] = []
-        for metric in (self.ttft, self.itl, self.e2e, self.requests, self.finished,
-                       self.prompt_tokens, self.generation_tokens):
-            lines += metric.render()
-        name = PREFIX + "http_requests_in_flight"
-        lines += [f"# HELP {name} Generation requests being served now.", f"# TYPE {name} gauge",
-                  f"{name} {self.in_flight}"]
-        name = PREFIX + "engine_alive"
-        lines += [f"# HELP {name} 1 while the engine process is alive.", f"# TYPE {name} gauge",
-                  f"{name} {int(self.engine_alive)}"]
-        for key, (metric, kind, help_text) in _ENGINE_GAUGES.items():
-            if key in self.engine_stats:
-                name = PREFIX + metric
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
-                          f"{name} {_fmt(self.engine_stats[key])}"]
-        return "\n".join(lines) + "\n"
+        return prometheus_client.generate_latest(self.registry).decode()
+
+
+_MODEL_LABEL = re.compile(r'model_name="(?:[^"\\]|\\.)*",?')
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample name (with labels) -> value; for tests and scripts reading /metrics."""
+    """Sample name (with labels) -> value; for tests and scripts reading /metrics. Each sample
+    is also listed without its `model_name` label (a one-model server's usual question)."""
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
+            bare = _MODEL_LABEL.sub("", name).replace(",}", "}").replace("{}", "")
+            out.setdefault(bare, float(value))
     return out

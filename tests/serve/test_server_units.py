@@ -153,3 +153,19 @@ def test_metrics_render_is_prometheus_text():
     assert samples["serve_kv_cache_usage_ratio"] == 0.5
     assert samples["serve_num_requests_waiting"] == 1
     assert samples["serve_prefix_cache_hit_rate"] == 0.25
+
+
+def test_metrics_carry_model_name_and_process_collectors():
+    from serve.metrics import ServerMetrics, parse_prometheus
+    m = ServerMetrics("tiny-model")
+    m.prompt_tokens.inc(7)
+    m.finished.inc(finish_reason="stop")
+    text = m.render()
+    assert 'serve_prompt_tokens_total{model_name="tiny-model"} 7.0' in text
+    assert 'serve_request_success_total{finish_reason="stop",model_name="tiny-model"} 1.0' in text
+    samples = parse_prometheus(text)
+    assert samples["serve_prompt_tokens_total"] == 7          # the label-free alias
+    assert samples["process_resident_memory_bytes"] > 0 and "python_info" in text.replace(
+        "python_info{", "python_info")
+    with pytest.raises(ValueError, match="labels"):
+        m.requests.inc(status="200")                         # endpoint missing
