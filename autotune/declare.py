@@ -66,6 +66,9 @@ class KernelSpace:
     parse: Callable[[str], dict] | None = None
     # A typical problem (tests check its heuristic config is valid and its runner works).
     example: Mapping | None = None
+    # Integer bucket dimensions that must match exactly (a head dim, a group size): a tuned
+    # entry for another value is never "nearest".
+    exact: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.kernel or self.kernel.count(".") < 2:

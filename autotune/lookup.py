@@ -49,14 +49,18 @@ class Choice:
         return "\n".join(lines)
 
 
-def _distance(a: Mapping, b: Mapping) -> float | None:
-    """log2 distance over integer dims; None when the buckets are not comparable."""
+def _distance(a: Mapping, b: Mapping, exact: tuple[str, ...] = ()) -> float | None:
+    """log2 distance over integer dims; None when the buckets are not comparable (different
+    dims, a string dim or an `exact` dim that differs)."""
     if set(a) != set(b):
         return None
     d = 0.0
     for k, va in a.items():
         vb = b[k]
-        if isinstance(va, int) and isinstance(vb, int):
+        if k in exact:
+            if va != vb:
+                return None
+        elif isinstance(va, int) and isinstance(vb, int):
             d += abs(math.log2(max(va, 1)) - math.log2(max(vb, 1)))
         elif va != vb:
             return None
@@ -95,39 +99,53 @@ class Lookup:
                     stacklevel=4)
         return out
 
-    def _best(self, entries: list[Entry], dims: Mapping) -> tuple[Entry | None, bool]:
+    def _best(self, ks: KernelSpace, entries: list[Entry], dims: Mapping, problem: Mapping,
+              target, skipped: list[str]) -> tuple[Entry | None, bool]:
+        """The exact entry, else the nearest comparable one; entries whose config the space
+        prunes for this problem on `target` (too much shared memory, ...) are passed over."""
+        def fits(e: Entry) -> bool:
+            why = ks.prune(e.config, problem, target) if (ks.prune and target) else None
+            if why:
+                skipped.append(f"[{e.bucket}] {e.config}: does not fit this problem ({why})")
+            return why is None
         want = bucket_str(dims)
         for e in entries:
-            if e.bucket == want:
+            if e.bucket == want and fits(e):
                 return e, True
-        scored = [(d, e.bucket, e) for e in entries
-                  if (d := _distance(dims, parse_bucket(e.bucket))) is not None]
-        return (min(scored)[2], False) if scored else (None, False)
+        scored = sorted((d, e.bucket, i) for i, e in enumerate(entries)
+                        if (d := _distance(dims, parse_bucket(e.bucket), ks.exact)) is not None)
+        for _, _, i in scored:
+            if fits(entries[i]):
+                return entries[i], False
+        return None, False
 
     def choose(self, ks: KernelSpace, problem: Mapping, device: str, *,
-               record: bool = True) -> Choice:
+               record: bool = True, target=None) -> Choice:
+        """target: the `Target` whose budgets a tuned config must fit (None: not checked)."""
         dims = ks.bucket(problem)
         want = bucket_str(dims)
         if record:
             capture.record(ks.kernel, want, device)
         src = ks.source_hash()
-        memo_key = (ks.kernel, device, want, src)
+        memo_key = (ks.kernel, device, want, src, target)
         hit = self._memo.get(memo_key)
         if hit is not None:
             return hit
-        choice = self._choose(ks, problem, device, dims, want, src)
+        choice = self._choose(ks, problem, device, dims, want, src, target)
         with self._lock:
             self._memo[memo_key] = choice
         return choice
 
-    def _choose(self, ks, problem, device, dims, want, src) -> Choice:
+    def _choose(self, ks, problem, device, dims, want, src, target) -> Choice:
         skipped: list[str] = []
         for t in self.tables.layers(device):
-            e, exact = self._best(self._fresh(t, ks, src, skipped), dims)
+            e, exact = self._best(ks, self._fresh(t, ks, src, skipped), dims, problem, target,
+                                  skipped)
             if e is not None and exact:
                 return Choice(dict(e.config), "exact", ks.kernel, want, device, e, str(t.path), skipped)
         for t in self.tables.layers(device):
-            e, _ = self._best(self._fresh(t, ks, src, skipped), dims)
+            e, _ = self._best(ks, self._fresh(t, ks, src, skipped), dims, problem, target,
+                              skipped)
             if e is not None:
                 return Choice(dict(e.config), "nearest-bucket", ks.kernel, want, device, e,
                               str(t.path), skipped)
@@ -137,7 +155,8 @@ class Lookup:
             for exact_only in (True, False):
                 for other in others:
                     for t in self.tables.layers(other):
-                        e, exact = self._best(self._fresh(t, ks, src, skipped), dims)
+                        e, exact = self._best(ks, self._fresh(t, ks, src, skipped), dims,
+                                              problem, target, skipped)
                         if e is not None and (exact or not exact_only):
                             return Choice(dict(e.config), f"family:{other}", ks.kernel, want,
                                           device, e, str(t.path), skipped)
@@ -155,7 +174,7 @@ def default_lookup() -> Lookup:
     return _default
 
 
-def choose(ks: KernelSpace, problem: Mapping, device: str) -> Choice:
+def choose(ks: KernelSpace, problem: Mapping, device: str, target=None) -> Choice:
     """The config for `problem` by the fallback chain (module docstring), from the default
-    tables (user cache over shipped)."""
-    return default_lookup().choose(ks, problem, device)
+    tables (user cache over shipped); with `target`, only configs that fit its budgets."""
+    return default_lookup().choose(ks, problem, device, target=target)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from autotune import Choice, KernelSpace, Runner, choose, device_key
+from autotune import Choice, KernelSpace, Runner, Target, choose, device_key
 
 # Bytes of input copies a memory-bound runner rotates through (H200 L2: 50 MB), so a timing
 # reads DRAM, not L2.
@@ -47,13 +47,27 @@ def _device_name(device) -> str:
     return "cpu" if dev.type == "cpu" else device_key(dev)
 
 
+_TARGETS: dict[str, Target | None] = {}
+
+
+def _target(device) -> Target | None:
+    """The budgets tuned configs must fit on `device` (None on the CPU)."""
+    dev = torch.device(device)
+    key = str(dev)
+    if key not in _TARGETS:
+        from .platform import platform_of
+        p = platform_of(dev)
+        _TARGETS[key] = Target.for_arch(p.target) if p.is_gpu else None
+    return _TARGETS[key]
+
+
 def choice(ks: KernelSpace, problem: Mapping, device) -> Choice:
-    return choose(ks, problem, _device_name(device))
+    return choose(ks, problem, _device_name(device), _target(device))
 
 
 def config(ks: KernelSpace, problem: Mapping, device) -> dict:
     """The launch config for `problem` on `device` (do not mutate: it is memoised)."""
-    return choose(ks, problem, _device_name(device)).config
+    return choice(ks, problem, device).config
 
 
 def explain(ks: KernelSpace, problem: Mapping, device) -> str:

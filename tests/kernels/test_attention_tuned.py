@@ -94,3 +94,21 @@ def test_h200_entries_serve_an_h100_through_the_family():
         assert got.link == "family:nvidia-h200" and got.config["num_splits"] == 1
         assert look.choose(td.SPACE, prob, "nvidia-h200", record=False).link == "exact"
     assert look.choose(td.SPACE, prob, "amd-mi300x", record=False).link == "heuristic"
+
+
+def test_other_head_dims_and_oversized_configs_never_borrow_entries():
+    """d=256 (or an fp32 cache) has no tuned entries: the d=128 ones must not be taken as
+    "nearest" (their stages would not fit in shared memory), and a config that does not fit
+    the problem on the target is passed over even at its exact bucket."""
+    import tskernels.ops.attention.triton_decode as td
+    from autotune import Target
+    look = Lookup(Tables(SHIPPED / "_no_user_dir_", SHIPPED))
+    h200 = Target.for_arch("sm_90")
+    for kv, d in (("bf16", 256), ("fp8", 256), ("fp32", 128), ("bf16", 64)):
+        got = look.choose(td.SPACE, td.tune_problem(d, kv, 4, 512, 4096), "nvidia-h200",
+                          record=False, target=h200)
+        assert got.link == "heuristic" and got.config == {}, (kv, d, got.explain())
+    tiny = Target("nvidia", "sm_90", 16 * 1024, 32)          # 16 KB: no shipped config fits
+    got = look.choose(td.SPACE, td.tune_problem(128, "bf16", 4, 512, 4096), "nvidia-h200",
+                      record=False, target=tiny)
+    assert got.link == "heuristic" and any("does not fit" in s for s in got.skipped)

@@ -237,7 +237,7 @@ def tune_problem(head_dim: int, kv: str, group: int, batch_x_kv_heads: int,
 
 def _prune(cfg: dict, p, target) -> str | None:
     block_d = triton.next_power_of_2(max(p["d"], 16))
-    kv_bytes = 1 if p["kv"] == "fp8" else 2
+    kv_bytes = {"fp8": 1, "fp32": 4}.get(p["kv"], 2)
     smem = cfg["num_stages"] * cfg["block_n"] * block_d * 2 * kv_bytes
     if smem > target.smem_bytes:
         return f"{smem} B of K/V stages exceed {target.smem_bytes} B"
@@ -284,7 +284,7 @@ SPACE = declare(KernelSpace(
     key=lambda p: {"d": p["d"], "kv": p["kv"], "g": p["g"], "bh": pow2_bucket(p["bh"]),
                    "L": pow2_bucket(p["L"])},
     heuristic=lambda p: {}, prune=_prune, source=lambda: jit_source(_decode_kernel),
-    runner=_runner, parse=tuning.parse_shape,
+    runner=_runner, parse=tuning.parse_shape, exact=("d", "g"),
     example={"d": 128, "kv": "bf16", "g": 4, "bh": 512, "L": 4096}))
 
 
@@ -293,7 +293,8 @@ def _tuned(device, head_dim, kv_dtype, group, batch_x_kv_heads, max_seq_len):
     CUDA: the interpreter and CPU use the plan's own choices)."""
     if device.type != "cuda":
         return None
-    kv = "fp8" if kv_dtype.itemsize == 1 else "bf16"
+    # 16-bit caches share entries (same bytes per key); fp32 caches have none of their own
+    kv = {1: "fp8", 2: "bf16"}.get(kv_dtype.itemsize, "fp32")
     return tuning.choice(SPACE, tune_problem(head_dim, kv, group, batch_x_kv_heads,
                                              max_seq_len), device)
 
