@@ -179,3 +179,20 @@ def silu_and_mul_quantize_fp8(
     half = x.shape[-1] // 2
     gate, up = x[:, :half].float(), x[:, half:].float()
     return quantize_fp8_per_token_group(torch.nn.functional.silu(gate) * up, group, eps=eps)
+
+
+def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Weight-only int8 GEMM: c = a @ (q * scale[:, None]).T.
+
+    Args:
+        a: [M, K] activations (fp32/bf16/fp16/fp64).
+        q: [N, K] int8 weight (nn.Linear layout).
+        scale: [N] float32, one scale per output row.
+        out_dtype: dtype of c (default a.dtype).
+    Returns:
+        c [M, N]; computed in float32 (float64 for float64 a).
+    """
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    w = q.to(acc) * scale.to(acc)[:, None]
+    return (a.to(acc) @ w.T).to(out_dtype or a.dtype)

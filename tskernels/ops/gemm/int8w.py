@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+import tskernels_ref.gemm as ref
+
 from ... import _check
 from ...registry import ANY_DEVICE, fmt, register, select
 
@@ -62,7 +64,5 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *,
           formats={"a": ("fp32", "bf16", "fp16", "fp64"), "b": ("int8",),
                    "c": ("fp32", "bf16", "fp16", "fp64")})
 def int8w_mm_reference(a, q, scale, *, out_dtype=None):
-    """Dequantize (float32, float64 for float64 a) and multiply."""
-    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
-    w = q.to(acc) * scale.to(acc)[:, None]
-    return (a.to(acc) @ w.t()).to(out_dtype or a.dtype)
+    """Dequantize (float32, float64 for float64 a) and multiply (tskernels_ref.gemm)."""
+    return ref.int8w_mm(a, q, scale, out_dtype=out_dtype)
