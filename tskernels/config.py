@@ -202,27 +202,34 @@ def _lookup(layer: _Layer, family: str, op: str) -> tuple[str, bool] | None:
 
 def resolve(family: str, op: str, backend: str | None, objective: str | None,
             allow_unverified: bool | None) -> Resolved:
-    """Merge every override source for one call (strongest first)."""
+    """Merge every override source for one call (strongest first). A hard override (the
+    `backend=` argument, a `use_backend` name, TSKERNELS_BACKEND, the TOML file) in any layer
+    beats a `KernelPolicy`'s soft preferences, wherever the policy was entered: an engine's
+    policy never hides a user's explicit choice around it."""
     stack = _stack.get()
     layers = (*reversed(stack), *_global_layers()) if stack else _global_layers()
     chosen, source, strict = backend, "backend= argument", True
     obj, allow = objective, allow_unverified
     prefer: tuple[str, ...] = ()
+    prefer_source = ""
     for layer in layers:
-        if chosen is None and not prefer:
-            if layer.policy is not None:
+        if layer.policy is not None:
+            if not prefer:
                 prefer = layer.policy.lookup(family, op)
+                prefer_source = layer.source
+        elif chosen is None:
+            hit = _lookup(layer, family, op)
+            if hit is not None:
+                chosen, strict = hit
                 source = layer.source
-            else:
-                hit = _lookup(layer, family, op)
-                if hit is not None:
-                    chosen, strict = hit
-                    source = layer.source
         obj = obj if obj is not None else layer.objective
         allow = allow if allow is not None else layer.allow_unverified
     _check_objective(obj)
-    return Resolved(chosen, source if chosen or prefer else "", strict, obj or "default",
-                    bool(allow), prefer)
+    if chosen is not None:
+        prefer = ()
+    else:
+        source = prefer_source if prefer else ""
+    return Resolved(chosen, source, strict, obj or "default", bool(allow), prefer)
 
 
 def active_policy() -> KernelPolicy | None:

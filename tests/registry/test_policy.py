@@ -48,6 +48,23 @@ def test_explicit_backend_beats_policy():
                 "reference"
 
 
+def test_enclosing_override_beats_an_inner_policy(monkeypatch):
+    """An engine enters its policy inside a user's `use_backend` / TSKERNELS_BACKEND choice:
+    the user's explicit choice still wins (the H200 serving tier caught the opposite)."""
+    pol = KernelPolicy({"gemm.mm": "torch_native"})
+    with tskernels.use_backend({"gemm.mm": "reference"}):
+        with tskernels.use_backend(pol):
+            assert tskernels.select("gemm", "mm", device="cpu", formats=F16).backend == \
+                "reference"
+    monkeypatch.setenv("TSKERNELS_BACKEND", "gemm.mm=reference")
+    with tskernels.use_backend(pol):
+        assert tskernels.select("gemm", "mm", device="cpu", formats=F16).backend == "reference"
+    monkeypatch.delenv("TSKERNELS_BACKEND")
+    with tskernels.use_backend(pol):
+        assert tskernels.select("gemm", "mm", device="cpu", formats=F16).backend == \
+            "torch_native"
+
+
 def test_policy_validates_and_reprs():
     with pytest.raises(TypeError, match="prefer"):
         KernelPolicy({"gemm.mm": ()})
