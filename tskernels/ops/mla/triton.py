@@ -151,6 +151,12 @@ class MLAPlan(PlanBase):
         # (the [rows x 512] accumulator).
         small = nvidia and self.block_r <= 16  # measured on NVIDIA only
         bn, nw, ns = ((32, 4, 3) if fp8 else (128, 8, 2)) if small else (64, 8, 2)
+        if gpu and block_r is None and any(d is not None and d.itemsize == 4
+                                           for d in (q_dtype, kv_dtype)):
+            # fp32 (a correctness mode): a 64-row [rows x 576] fp32 Q tile plus 64-key fp32
+            # stages need ~311 KB of shared memory (the H200 conformance tier hit it); 16 rows,
+            # 32-key tiles and one stage fit (~110 KB). Not yet timed or run on the GPU.
+            self.block_r, bn, nw, ns = 16, 32, 4, 1
         self.block_n = block_n or (bn if gpu else 16)
         self.num_warps = num_warps or (nw if gpu else 4)
         self.num_stages = num_stages or (ns if gpu else 1)
