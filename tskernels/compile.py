@@ -81,6 +81,9 @@ class CompileCase:
     # its dots have fewer than 64 rows (M = 16: a few query heads), below wgmma / tcgen05's
     # M = 64, so sm_90 and sm_100 lower them to warp-level mma.sync: check for that instead
     narrow_dot: bool = False
+    # further backend options of the launch (AMD: waves_per_eu, matrix_instr_nonkdim, kpack),
+    # for cases restricted to the targets whose backend takes them
+    options: tuple[tuple[str, Any], ...] = ()
 
     def builds_for(self, target: str) -> bool:
         """Whether the compile matrix builds this case for `target` (one the kernel declares):
@@ -155,7 +158,8 @@ def compile_case(case: CompileCase, target: str) -> CompileResult:
                                            or name in case.aligned)}
     src = ASTSource(fn=fn, signature=sig, constexprs=dict(case.constexprs), attrs=attrs)
     k = triton.compile(src, target=_target(target),
-                       options={"num_warps": case.num_warps, "num_stages": case.num_stages})
+                       options={"num_warps": case.num_warps, "num_stages": case.num_stages,
+                                **dict(case.options)})
     if target.startswith("sm_"):
         asm = k.asm["ptx"]
         regs, spills = _ptxas_resources(asm)

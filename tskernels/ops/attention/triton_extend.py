@@ -13,12 +13,15 @@ so `run` launches one grid with no host sync.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from ...compile import CompileCase
 from ...plan import PlanBase
+from ...platform import platform_of
 from ...registry import register
 from .._common import TRITON
 from . import _validate as v_
@@ -203,12 +206,36 @@ def _extend_kernel(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, qo_ptr, pt_ptr, lens_ptr
              o.to(o_ptr.dtype.element_ty), mask=mm[:, None] & dm[None, :])
 
 
+# AMD CDNA (wave 64): heuristic launch configs of the 16-bit paths, per arch. No AMD GPU ran
+# them; the compile matrix shows MFMA, no scratch and LDS within the arch for each (d = 128).
+CDNA_ARCHS = ("gfx942", "gfx950")
+# backend options of every CDNA launch: 2 waves per SIMD leave 256 VGPRs a lane, which the
+# tiles below fit without scratch; 16x16 MFMA (not 32x32) keeps the online softmax's row
+# statistics in fewer lanes, as AMD's own Triton attention kernels do
+CDNA_OPTIONS = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+
+
+def _cdna_config(arch: str, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) on gfx942 / gfx950."""
+    # gfx942 (64 KB LDS): one stage, a 64-key K + V tile is 32 KB and a second one would leave
+    # no room for a second workgroup per CU; gfx950 (160 KB LDS) takes two
+    ns = 2 if arch == "gfx950" else 1
+    if head_dim <= 128:
+        # 128 x 64 over 8 waves: the H200's 128 x 128 over 4 waves needs 96-160 KB of LDS and
+        # spilled 188-1028 bytes to scratch on CDNA (tests/compile/resources.json)
+        return 128, 64, 8, ns
+    return 64, 32, 4, ns  # d = 256: half the rows and keys keep the accumulator in VGPRs
+
+
 def _launch_config(head_dim: int, q_dtype: torch.dtype, on_gpu: bool, *,
-                   short_rows: bool = False):
+                   short_rows: bool = False, arch: str | None = None):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). short_rows: a 16-bit cache whose query
-    blocks see few keys on average (see ExtendPlan): smaller blocks, twice the programs."""
+    blocks see few keys on average (see ExtendPlan): smaller blocks, twice the programs.
+    arch: an AMD CDNA arch ("gfx942", "gfx950") takes its own configs for 16-bit q."""
     if not on_gpu:
         return 16, 16, 4, 1
+    if arch in CDNA_ARCHS and q_dtype != torch.float32:
+        return _cdna_config(arch, head_dim)
     if q_dtype == torch.float32:
         # fp32 runs IEEE dots on the FMA units: the 16-bit tiles below spilled 16-62 KB per
         # thread and took 24-48 s to compile on sm_90 (build/compile_matrix-style AOT, ptxas);
@@ -259,10 +286,14 @@ class ExtendPlan(PlanBase):
         self.scale, self.causal, self.window, self.softcap = scale, causal, sliding_window, softcap
         counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
         lens = seq_lens.tolist()
+        on_gpu = qo_indptr.device.type == "cuda"
+        plat = platform_of(qo_indptr.device) if on_gpu else None
+        arch = plat.arch if plat is not None and plat.vendor == "amd" else None
         self.block_m, self.block_n, self.num_warps, self.num_stages = config or \
-            _launch_config(head_dim, q_dtype, qo_indptr.device.type == "cuda",
+            _launch_config(head_dim, q_dtype, on_gpu, arch=arch,
                            short_rows=kv_dtype.itemsize >= 2 and causal
                            and _mean_keys(counts, lens, 128) < SHORT_ROWS_KEYS)
+        self.launch_options = dict(CDNA_OPTIONS) if arch in CDNA_ARCHS else {}
         self.block_d = max(16, triton.next_power_of_2(head_dim))
         work = [(b, i) for b, c in enumerate(counts) for i in range(triton.cdiv(c, self.block_m))]
         # Longest work first (later query blocks of long requests see the most keys); the
@@ -302,7 +333,8 @@ class ExtendPlan(PlanBase):
             BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=self.causal, SCALED=scaled,
             PER_HEAD=scaled and k_scale.numel() > 1, SOFTCAP=bool(self.softcap),
             WINDOW=bool(self.window), SINKS=sinks is not None, IEEE=q.dtype == torch.float32,
-            CONTIG=contig, num_warps=self.num_warps, num_stages=self.num_stages)
+            CONTIG=contig, num_warps=self.num_warps, num_stages=self.num_stages,
+            **self.launch_options)
         return o
 
     def _can_read_contiguous(self, k, v) -> bool:
@@ -365,6 +397,16 @@ def _cases():
              IEEE=True)
     out.append(CompileCase(_extend_kernel, signature("*fp32", "*fp32"), c, num_warps=nw,
                            num_stages=ns, uses_dot=False, label="fp32_ieee", aligned=strides))
+    # the 16-bit cases above are the NVIDIA configs; CDNA builds its own (_cdna_config)
+    nvidia = tuple(t for t in TRITON["compiled"] if t.startswith("sm_"))
+    out = [dataclasses.replace(x, targets=nvidia) if x.uses_dot else x for x in out]
+    for arch in CDNA_ARCHS:
+        bm, bn, nw, ns = _cdna_config(arch, 128)
+        for x in [x for x in out if x.targets == nvidia and x.label != "bf16_contig_short"]:
+            c = dict(x.constexprs, BLOCK_M=bm, BLOCK_N=bn)
+            out.append(dataclasses.replace(x, constexprs=c, num_warps=nw, num_stages=ns,
+                                           targets=(arch,), label=f"{x.label}_{arch}",
+                                           options=tuple(CDNA_OPTIONS.items())))
     return out
 
 
