@@ -47,6 +47,7 @@ class MLAttention(nn.Module):
         self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, self.kv_lora + self.rope)
         self.kv_a_layernorm = RMSNorm(self.kv_lora, 1e-6)
         self.kv_b_proj = Linear(self.kv_lora, self.num_heads * (self.nope + self.v_dim))
+        self.kv_b_proj.keep_dense = True      # absorbed into the MLA weights from its float copy
         self.o_proj = Linear(self.num_heads * self.v_dim, cfg.hidden_size)
         self.rotary = rotary
         self.scale = mla_softmax_scale(cfg)
@@ -90,6 +91,7 @@ class SigmoidGroupedMoE(nn.Module):
         super().__init__()
         e = cfg.n_routed_experts
         self.gate = Linear(cfg.hidden_size, e)
+        self.gate.keep_dense = True           # fp32 router logits read gate.weight directly
         self.e_score_correction_bias = _param(e)
         self.experts = Experts(e, cfg.hidden_size, cfg.moe_intermediate_size)
         shared = cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)

@@ -48,7 +48,10 @@ def quantize_int8(model) -> int:
 
     saved = 0
     for mod in model.modules():
-        if isinstance(mod, Linear) and mod.weight_scale_inv is None and mod.weight.dim() == 2:
+        # keep_dense: Linears whose float weight is read directly (a router's fp32 logits,
+        # MLA's kv_b_proj absorbed at load)
+        if isinstance(mod, Linear) and mod.weight_scale_inv is None and mod.weight.dim() == 2 \
+                and not getattr(mod, "keep_dense", False):
             w = mod.weight
             mod.int8 = tskernels.gemm.quantize_int8_per_channel(w)
             saved += w.numel() * w.element_size() - w.numel() - 4 * w.shape[0]
