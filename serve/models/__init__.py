@@ -1,22 +1,20 @@
-"""Model classes by HF architecture name."""
+"""Model classes by HF architecture name (`MODELS`, `model_class`), found by importing every
+module of this package once: each model module registers its classes with `@register_model`."""
 from __future__ import annotations
 
-from .deepseek_v3 import DeepseekV3ForCausalLM
-from .llama import LlamaForCausalLM, MistralForCausalLM, Qwen3ForCausalLM
-from .qwen3_moe import Qwen3MoeForCausalLM
+import importlib
+import pkgutil
 
-MODELS = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
-}
+from .registry import MODELS, model_class, register_model
 
 
-def model_class(cfg):
-    for arch in getattr(cfg, "architectures", None) or []:
-        if arch in MODELS:
-            return MODELS[arch]
-    raise ValueError(f"model: architectures {getattr(cfg, 'architectures', None)} not supported; "
-                     f"supported: {sorted(MODELS)}")
+def discover() -> dict[str, type]:
+    """Import every module of `serve.models` (idempotent) and return `MODELS`."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    return MODELS
+
+
+discover()
+
+__all__ = ["MODELS", "discover", "model_class", "register_model"]

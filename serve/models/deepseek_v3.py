@@ -16,6 +16,7 @@ import tskernels
 
 from ..config import mla_softmax_scale, rope_params
 from . import bound_ops as ops
+from .registry import register_model
 from .layers import (
     CausalLM,
     DecoderLayer,
@@ -114,6 +115,7 @@ class SigmoidGroupedMoE(nn.Module):
         return out
 
 
+@register_model("DeepseekV3ForCausalLM")
 class DeepseekV3ForCausalLM(CausalLM):
     fp32_params = ("gate.weight", "e_score_correction_bias")
 

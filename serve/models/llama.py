@@ -6,9 +6,11 @@ from tskernels import GQACacheSpec
 
 from ..config import rope_params
 from ..model_support import layer_windows, mlp_activation
+from .registry import register_model
 from .layers import CausalLM, DecoderLayer, GatedMLP, PagedAttention, Rotary, rope_table
 
 
+@register_model("LlamaForCausalLM")
 class LlamaForCausalLM(CausalLM):
     qk_norm = False
 
@@ -34,11 +36,13 @@ class LlamaForCausalLM(CausalLM):
                             head_dim=a.head_dim)
 
 
+@register_model("Qwen3ForCausalLM")
 class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 dense: Llama plus a per-head RMSNorm on q and k before RoPE."""
 
     qk_norm = True
 
 
+@register_model("MistralForCausalLM")
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral: Llama with every layer attending to its last `sliding_window` keys (when set)."""

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from .layers import GatedMLP, SoftmaxMoE
 from .llama import Qwen3ForCausalLM
+from .registry import register_model
 
 
+@register_model("Qwen3MoeForCausalLM")
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def make_mlp(self, cfg, layer_id: int):
         step = getattr(cfg, "decoder_sparse_step", 1) or 1
