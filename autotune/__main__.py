@@ -7,6 +7,7 @@
     python -m autotune explain attention.decode.triton --shape B=64,L=4096 [--device-name D]
     python -m autotune tune attention.decode --shapes B=64,L=4096 B=1,L=32768 [--repeat]
     python -m autotune tune attention.decode --from-capture shapes.json
+    python -m autotune tune gemm --limit 12 --json out.json    # bench shapes, <= 12 configs
 
 Kernels declare their spaces when their module is imported; the CLI imports `--spaces-module`
 (default `tskernels.ops`) by name, so this package needs no import of the kernel package.
@@ -132,12 +133,16 @@ def cmd_tune(args, tables: Tables) -> int:
         name, arch, timer = args.device_name or "cpu", "cpu", cpu_timer
     target = Target.for_arch(arch) if arch != "cpu" else Target("cpu", "cpu", 1 << 30, 1)
     rc = 0
+    report: list[dict] = []
+    repeats: list[dict] = []
     for ks in _matching(args.op):
         if args.from_capture:
             problems = [parse_bucket(s["bucket"]) for s in capture.load(args.from_capture)
                         if s["kernel"] == ks.kernel]
-        else:
-            problems = [_problem(ks, s) for s in args.shapes or []]
+        elif args.shapes:
+            problems = [_problem(ks, s) for s in args.shapes]
+        else:                          # the space's own (bench) shapes
+            problems = [dict(p) for p in ks.shapes]
         if not problems:
             print(f"{ks.kernel}: no shapes to tune", file=sys.stderr)
             continue
@@ -145,11 +150,20 @@ def cmd_tune(args, tables: Tables) -> int:
             print(f"{ks.kernel}: declares no runner; skipped", file=sys.stderr)
             rc = 1
             continue
-        old = {e.bucket: e.config for t in tables.layers(name) for e in t.for_kernel(ks.kernel)}
-        results = tune(ks, problems, device=device, device_name=name, timer=timer,
-                       target=target, tables=tables, repeats=args.repeats,
-                       resume=not (args.repeat or args.force), save=not args.repeat,
-                       progress=not args.quiet)
+        # the picks in use: user entries over shipped ones
+        old = {e.bucket: e.config for t in reversed(tables.layers(name))
+               for e in t.for_kernel(ks.kernel)}
+        try:
+            results = tune(ks, problems, device=device, device_name=name, timer=timer,
+                           target=target, tables=tables, repeats=args.repeats,
+                           resume=not (args.repeat or args.force), save=not args.repeat,
+                           progress=not args.quiet, limit=args.limit)
+        except RuntimeError as e:       # no config of a bucket ran: report, tune the others
+            print(f"{ks.kernel}: {e}", file=sys.stderr)
+            report.append({"kernel": ks.kernel, "error": str(e)[:500]})
+            rc = 1
+            continue
+        report.extend(r.as_dict() for r in results)
         for r in results:
             h = "-" if r.heuristic_us is None else f"{r.heuristic_us:.2f}"
             print(f"{ks.kernel} [{r.bucket}] pick {r.pick} {r.us:.2f} us (heuristic {h} us); "
@@ -157,7 +171,13 @@ def cmd_tune(args, tables: Tables) -> int:
             for c in r.errors:
                 print(f"  failed {c.config}: {c.error}")
         if args.repeat:
-            print(repeat_report(ks, old, results).summary())
+            rep = repeat_report(ks, old, results)
+            print(f"{ks.kernel}: {rep.summary()}")
+            repeats.append({"kernel": ks.kernel, **rep.as_dict()})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": name, "repeat": args.repeat,
+                                               "buckets": report, "repeat_report": repeats},
+                                              indent=1) + "\n")
     return rc
 
 
@@ -189,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--device-name", default="nvidia-h200")
     s = sub.add_parser("tune")
     s.add_argument("op", help="family.op or family.op.backend")
-    g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--shapes", nargs="+", help="problems as k=v,k=v (the space's parser)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--shapes", nargs="+",
+                   help="problems as k=v,k=v (the space's parser; default: its bench shapes)")
     g.add_argument("--from-capture", help="a TSKERNELS_CAPTURE_SHAPES file")
     s.add_argument("--repeat", action="store_true",
                    help="re-tune without saving; report how many buckets change their pick")
@@ -198,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repeats", type=int, default=3, help="timings per config (median, spread)")
     s.add_argument("--device", choices=["cuda", "cpu"])
     s.add_argument("--device-name", help="table to write (default: this GPU's device key)")
+    s.add_argument("--limit", type=int,
+                   help="time at most N configs per bucket (the heuristic + a fixed draw)")
+    s.add_argument("--json", help="write every bucket's pick, heuristic time and the repeat "
+                                  "report to FILE")
     s.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     _load_spaces(args.spaces_module)

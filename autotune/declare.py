@@ -15,8 +15,17 @@ the nearest tuned bucket; strings (dtypes, layouts) must match exactly. `prune` 
 config cannot run on a target (shared-memory / LDS budget, divisibility) so it is never
 compiled. `source` returns the text whose hash versions the table entries (a Triton function's
 `cache_key`, which covers the functions it calls, or a CUDA file plus its build options).
-`space` may be a function of the target's vendor ("nvidia", "amd"): AMD spaces add knobs such
-as `waves_per_eu`, `matrix_instr_nonkdim` and `kpack`.
+`space` may be a function of the target's vendor ("nvidia", "amd"). Arch-specific backend
+knobs (AMD CDNA: `waves_per_eu`, `matrix_instr_nonkdim`, `kpack`) are declared with
+`arch_knobs`, keyed by vendor or arch, and their heuristic values with `arch_defaults`:
+
+    arch_knobs={"amd": {"waves_per_eu": [0, 1, 2], "matrix_instr_nonkdim": [16, 32]},
+                "gfx950": {"kpack": [1, 2]}},      # an arch's entry adds to / overrides its vendor's
+    arch_defaults={"amd": {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}},
+
+The tuner then searches those knobs only on that vendor / arch, the heuristic link returns the
+kernel's heuristic plus the defaults of the target, and `backend_options(cfg)` picks the knobs
+out of a config for the launch (`kernel[grid](..., **backend_options(cfg))`).
 """
 from __future__ import annotations
 
@@ -25,12 +34,20 @@ import inspect
 import re
 import textwrap
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from .space import Space
 
 Bucket = Mapping[str, "int | str"]
+
+# Launch options Triton passes to its AMD backend (not constexprs of the kernel).
+BACKEND_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+
+def backend_options(cfg: Mapping) -> dict:
+    """The backend knobs of a config, as launch keyword arguments ({} on NVIDIA configs)."""
+    return {k: cfg[k] for k in BACKEND_KNOBS if k in cfg}
 
 
 @dataclass(frozen=True)
@@ -69,14 +86,45 @@ class KernelSpace:
     # Integer bucket dimensions that must match exactly (a head dim, a group size): a tuned
     # entry for another value is never "nearest".
     exact: tuple[str, ...] = ()
+    # Extra knobs per vendor or arch ("amd", "gfx942"): {key: {knob: [choices]}}; an arch's
+    # entry is applied after its vendor's. `arch_defaults`: the heuristic's values of them.
+    arch_knobs: Mapping[str, Mapping[str, Sequence]] = field(default_factory=dict)
+    arch_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    # The problems `tskernels-bench --tune` tunes when given no shapes (the bench shapes).
+    shapes: tuple[Mapping, ...] = ()
 
     def __post_init__(self):
         if not self.kernel or self.kernel.count(".") < 2:
             raise ValueError(f"kernel: expected 'family.op.backend', got {self.kernel!r}")
+        for key, knobs in {**self.arch_knobs, **self.arch_defaults}.items():
+            bad = [k for k in knobs if k not in BACKEND_KNOBS]
+            if bad:
+                raise ValueError(f"{self.kernel}: arch knobs of {key!r} must be among "
+                                 f"{BACKEND_KNOBS}, got {bad}")
 
-    def space_for(self, vendor: str = "nvidia") -> Space:
-        return self.space(vendor) if callable(self.space) and not isinstance(self.space, Space) \
+    def _arch_layers(self, table: Mapping, vendor: str, arch: str | None) -> dict:
+        out: dict = {}
+        for key in (vendor, arch):
+            if key and key in table:
+                out.update(table[key])
+        return out
+
+    def space_for(self, vendor: str = "nvidia", arch: str | None = None) -> Space:
+        """The space on a vendor / arch: the declared one plus that target's arch knobs."""
+        base = self.space(vendor) if callable(self.space) and not isinstance(self.space, Space) \
             else self.space
+        extra = self._arch_layers(self.arch_knobs, vendor, arch)
+        if not extra:
+            return base
+        return Space(base.where, **{**base.choices, **{k: list(v) for k, v in extra.items()}})
+
+    def heuristic_for(self, problem: Mapping, target: "Target | None" = None) -> dict:
+        """The heuristic config on `target`: the kernel's heuristic plus the target's arch
+        defaults ({} stays {}: the kernel's plan decides everything)."""
+        cfg = dict(self.heuristic(problem))
+        if cfg and target is not None:
+            cfg.update(self._arch_layers(self.arch_defaults, target.vendor, target.arch))
+        return cfg
 
     def bucket(self, problem: Mapping) -> dict:
         dims = dict(self.key(problem))
@@ -88,7 +136,7 @@ class KernelSpace:
     def candidates(self, problem: Mapping, target: Target) -> tuple[list[dict], list[dict]]:
         """(configs that may run on target, [{"config", "reason"}] of those pruned)."""
         keep, pruned = [], []
-        for cfg in self.space_for(target.vendor):
+        for cfg in self.space_for(target.vendor, target.arch):
             why = self.prune(cfg, problem, target) if self.prune else None
             (pruned.append({"config": cfg, "reason": why}) if why else keep.append(cfg))
         return keep, pruned

@@ -160,7 +160,7 @@ class Lookup:
                         if e is not None and (exact or not exact_only):
                             return Choice(dict(e.config), f"family:{other}", ks.kernel, want,
                                           device, e, str(t.path), skipped)
-        return Choice(dict(ks.heuristic(problem)), "heuristic", ks.kernel, want, device,
+        return Choice(ks.heuristic_for(problem, target), "heuristic", ks.kernel, want, device,
                       skipped=skipped)
 
 

@@ -11,6 +11,7 @@ interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import datetime
+import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +47,15 @@ class BucketResult:
     heuristic: dict | None = None
     heuristic_us: float | None = None
 
+    def as_dict(self) -> dict:
+        """The evidence of one bucket: pick vs heuristic, ties, failures (JSON-able)."""
+        return {"kernel": self.kernel, "bucket": self.bucket, "pick": self.pick,
+                "us": round(self.us, 3), "heuristic": self.heuristic,
+                "heuristic_us": None if self.heuristic_us is None else round(self.heuristic_us, 3),
+                "ties": self.ties, "timed": len(self.candidates) - len(self.errors),
+                "pruned": len(self.pruned),
+                "failed": [{"config": c.config, "error": c.error} for c in self.errors]}
+
     @property
     def errors(self) -> list[Candidate]:
         return [c for c in self.candidates if c.error]
@@ -57,21 +67,41 @@ class BucketResult:
         return None
 
 
+def _limited(configs: list[dict], heur: dict, limit: int | None, seed: int = 0) -> list[dict]:
+    """At most `limit` configs: the heuristic (when it is a candidate) and a reproducible draw
+    of the others, kept in the space's order (so the tie-break stays the declared order)."""
+    if limit is None or len(configs) <= limit:
+        return configs
+    rest = [i for i, c in enumerate(configs) if c != heur]
+    random.Random(seed).shuffle(rest)
+    keep = set(rest[:max(0, limit - (1 if heur in configs else 0))])
+    return [c for i, c in enumerate(configs) if i in keep or c == heur]
+
+
+def _run(cand: Candidate, runner, timer: Callable, repeats: int) -> None:
+    try:
+        fn = runner.build(cand.config)
+        if not runner.check(cand.config):
+            cand.error = "wrong result (differs from the reference)"
+            return
+        cand.times = [float(timer(fn)) for _ in range(max(1, repeats))]
+    except Exception as e:  # noqa: BLE001 - a config that cannot run here is reported, not fatal
+        cand.error = f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, target: Target,
-                repeats: int = 3, tie_rel: float = 0.02) -> BucketResult:
+                repeats: int = 3, tie_rel: float = 0.02, limit: int | None = None) -> BucketResult:
+    """limit: time at most this many of the bucket's valid configs (the heuristic always,
+    the rest drawn reproducibly). A heuristic outside the space ({} = the plan's own choice)
+    is timed too, as the baseline, but cannot be picked."""
+    heur = ks.heuristic_for(problem, target)
     configs, pruned = ks.candidates(problem, target)
+    configs = _limited(configs, heur, limit)
     cands = []
     for cfg in configs:
         c = Candidate(cfg)
         cands.append(c)
-        try:
-            fn = runner.build(cfg)
-            if not runner.check(cfg):
-                c.error = "wrong result (differs from the reference)"
-                continue
-            c.times = [float(timer(fn)) for _ in range(max(1, repeats))]
-        except Exception as e:  # noqa: BLE001 - a config that cannot run here is reported, not fatal
-            c.error = f"{type(e).__name__}: {str(e)[:200]}"
+        _run(c, runner, timer, repeats)
     ok = [c for c in cands if not c.error]
     bucket = bucket_str(ks.bucket(problem))
     if not ok:
@@ -81,10 +111,13 @@ def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, t
     ties = [c for c in ok
             if c.us - best.us <= max(tie_rel * best.us, best.spread, c.spread)]
     pick = ties[0]                 # `ok` keeps the space's order: the first declared tie wins
-    heur = dict(ks.heuristic(problem))
     res = BucketResult(ks.kernel, bucket, dict(pick.config), pick.us,
                        [dict(c.config) for c in ties if c is not pick], cands, pruned, heur)
     res.heuristic_us = res.time_of(heur)
+    if res.heuristic_us is None and heur not in configs:
+        base = Candidate(heur)
+        _run(base, runner, timer, repeats)
+        res.heuristic_us = None if base.error else base.us
     return res
 
 
@@ -97,7 +130,8 @@ def _entry(res: BucketResult, ks: KernelSpace, evidence: str | None) -> Entry:
 def tune(ks: KernelSpace, problems: Iterable[Mapping], *, device: str, device_name: str,
          timer: Callable, target: Target, tables: Tables | None = None, repeats: int = 3,
          tie_rel: float = 0.02, resume: bool = True, save: bool = True,
-         evidence: str | None = None, progress: bool = True) -> list[BucketResult]:
+         evidence: str | None = None, progress: bool = True,
+         limit: int | None = None) -> list[BucketResult]:
     """Tune each distinct bucket of `problems` on `device` ("cuda", "cpu"); entries go into the
     user table of `device_name` ("nvidia-h200"). With `resume`, buckets that already have a
     current user entry are skipped."""
@@ -120,7 +154,7 @@ def tune(ks: KernelSpace, problems: Iterable[Mapping], *, device: str, device_na
     results = []
     for p in todo:
         res = tune_bucket(ks, p, ks.runner(p, device), timer=timer, target=target,
-                          repeats=repeats, tie_rel=tie_rel)
+                          repeats=repeats, tie_rel=tie_rel, limit=limit)
         results.append(res)
         if save:
             user.put(_entry(res, ks, evidence))
@@ -136,6 +170,10 @@ class RepeatReport:
     changed: list[dict]               # bucket, old, new, old_us, new_us (same run)
     worst_rel_diff: float             # max |t(new pick) - t(old pick)| / t(old pick)
 
+    def as_dict(self) -> dict:
+        return {"buckets": self.buckets, "changed": self.changed,
+                "worst_rel_diff": round(self.worst_rel_diff, 4)}
+
     def summary(self) -> str:
         return (f"{len(self.changed)} of {self.buckets} buckets changed their pick; worst time "
                 f"difference between the two picks {self.worst_rel_diff:.1%}")
@@ -149,6 +187,10 @@ def repeat_report(ks: KernelSpace, old: Mapping[str, dict], new: list[BucketResu
         if before is None:
             continue
         t_old = res.time_of(before)
+        if t_old is None:         # the old pick failed or was not drawn this time
+            changed.append({"bucket": res.bucket, "old": before, "new": res.pick,
+                            "old_us": None, "new_us": res.us})
+            continue
         diff = abs(res.us - t_old) / t_old if t_old else 0.0
         worst = max(worst, diff)
         if before != res.pick and before not in res.ties:
