@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -47,6 +48,12 @@ class _Request:
     cached_tokens: int | None = None      # prefix-cache hit when first scheduled
     error: str | None = None              # why the engine aborted it itself
     outputs: list = field(default_factory=list)
+    # time.monotonic() of add_request / first plan it was in / its first token (queue and
+    # prefill histograms of /metrics); sent once, on the output with the first token
+    arrival: float = 0.0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    timestamps_sent: bool = False
 
 
 def _device(name: str) -> torch.device:
@@ -198,7 +205,8 @@ class Engine:
         sid = next(self._ids)
         self.scheduler.submit(sid, ids, params.max_tokens, list(params.stop_token_ids),
                               params.ignore_eos, 0)
-        req = _Request(request_id, sid, len(ids), params, seed & _SEED_MASK, logits=logits_state)
+        req = _Request(request_id, sid, len(ids), params, seed & _SEED_MASK, logits=logits_state,
+                       arrival=time.monotonic())
         self._requests[request_id] = req
         self._by_sid[sid] = req
 
@@ -238,10 +246,13 @@ class Engine:
         sample = np.asarray(plan.sample)
         cached = np.asarray(plan.cached_lens)
         reqs, states = [], []
+        planned_at = time.monotonic()
         for r, s in enumerate(sids):
             q = self._by_sid.get(int(s))
             if q is not None and q.cached_tokens is None:
                 q.cached_tokens = int(cached[r])
+            if q is not None and q.scheduled_at is None:
+                q.scheduled_at = planned_at
             q = q if sample[r] else None
             p = q.params if q is not None else None
             reqs.append(None if q is None else SampleRequest(
@@ -255,6 +266,7 @@ class Engine:
         else:
             result, sampled, lp_row = None, np.zeros(0, np.int32), {}
         outputs = []
+        ran_at = time.monotonic()
         for sid, token, reason in self.scheduler.advance(plan, sampled):
             req = self._by_sid.get(sid)
             if req is None:
@@ -264,6 +276,8 @@ class Engine:
                 new = [int(token)]
                 req.num_generated += 1
                 self.num_generated_tokens += 1
+                if req.first_token_at is None:
+                    req.first_token_at = ran_at
                 lps, tops = self._logprobs(req, result, lp_row.get(rows.get(sid, -1)), token)
                 if req.logits is not None and reason is None and not req.aborted:
                     req.error = LogitsProcessing.on_token(req.logits, token)
@@ -274,8 +288,23 @@ class Engine:
                 self._finish(req)
             outputs.append(RequestOutput(req.request_id, new, lps, tops, reason is not None,
                                          reason, req.prompt_len, req.num_generated,
-                                         req.cached_tokens or 0, req.error))
+                                         req.cached_tokens or 0, req.error,
+                                         self._timestamps(req, reason is not None)))
         return outputs
+
+    @staticmethod
+    def _timestamps(req: _Request, finished: bool) -> dict[str, float] | None:
+        """The request's engine-clock timestamps, once: with its first token, or with its last
+        output when it never got one (aborted / failed while queued or prefilling)."""
+        if req.timestamps_sent or (req.first_token_at is None and not finished):
+            return None
+        req.timestamps_sent = True
+        ts = {"arrival": req.arrival}
+        if req.scheduled_at is not None:
+            ts["scheduled"] = req.scheduled_at
+        if req.first_token_at is not None:
+            ts["first_token"] = req.first_token_at
+        return ts
 
     def _logprobs(self, req, result, i, token):
         n = req.params.logprobs

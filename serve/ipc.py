@@ -40,7 +40,8 @@ import zmq
 
 DEFAULT_ENGINE = "serve.engine:Engine"
 OUTPUT_FIELDS = ("request_id", "new_token_ids", "logprobs", "top_logprobs", "finished",
-                 "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "error")
+                 "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "error",
+                 "timestamps")
 _IDLE_POLL_MS = 100
 SIGTERM_GRACE_S = 5.0
 

@@ -1,6 +1,8 @@
 """/metrics: Prometheus text built with `prometheus_client`, one registry per API process.
 
-Latency histograms and request counters are observed in the API process; the engine's gauges
+Latency histograms and request counters are observed in the API process; queue and prefill
+times from the engine's own timestamps (arrival, first scheduled, first token: the engine
+process's clock, sent with a request's first output; `observe_engine_timestamps`). The engine's gauges
 (running/waiting requests, KV pool, prefix cache) arrive with every engine step over ZMQ and are
 exposed as last reported, by a collector read at scrape time. Every `serve_*` sample carries a
 `model_name` label (vLLM's convention); the process collectors add `process_*` (CPU, memory,
@@ -98,6 +100,8 @@ class ServerMetrics:
         self.ttft = Histogram(reg, model_name, "time_to_first_token_seconds", "Time from request arrival to its first generated token.")
         self.itl = Histogram(reg, model_name, "inter_token_latency_seconds", "Time between consecutive generated tokens of a request.")
         self.e2e = Histogram(reg, model_name, "e2e_request_latency_seconds", "Time from request arrival to its last token.")
+        self.queue_time = Histogram(reg, model_name, "request_queue_time_seconds", "Time an engine request waited in the engine's queue before its first schedule.")
+        self.prefill_time = Histogram(reg, model_name, "request_prefill_time_seconds", "Time from an engine request's first schedule to its first token (prefill, chunks included).")
         self.requests = Counter(reg, model_name, "http_requests_total", "HTTP requests to the generation endpoints by endpoint and status code.", ("endpoint", "status"))
         self.finished = Counter(reg, model_name, "request_success_total", "Engine requests finished, by finish reason.", ("finish_reason",))
         self.prompt_tokens = Counter(reg, model_name, "prompt_tokens_total", "Prompt tokens of admitted requests.")
@@ -110,6 +114,21 @@ class ServerMetrics:
             ProcessCollector(registry=reg)
             PlatformCollector(registry=reg)
             GCCollector(registry=reg)
+
+    def observe_engine_timestamps(self, ts: dict) -> None:
+        """One engine request's {"arrival", "scheduled", "first_token"} (engine clock,
+        seconds; missing keys: the event did not happen): queue time = scheduled - arrival,
+        prefill time = first_token - scheduled. Anything else is ignored (a malformed entry
+        must not break the read loop)."""
+        def t(key):
+            v = ts.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        arrival, scheduled, first = t("arrival"), t("scheduled"), t("first_token")
+        if arrival is not None and scheduled is not None:
+            self.queue_time.observe(max(0.0, scheduled - arrival))
+        if scheduled is not None and first is not None:
+            self.prefill_time.observe(max(0.0, first - scheduled))
 
     def render(self) -> str:
         return prometheus_client.generate_latest(self.registry).decode()

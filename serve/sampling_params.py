@@ -141,6 +141,10 @@ class RequestOutput:
     completion_tokens: int
     cached_tokens: int = 0     # prompt tokens served from the prefix cache (first schedule)
     error: str | None = None   # why an "abort" came from the engine itself (e.g. a grammar)
+    # engine-clock (time.monotonic) seconds {"arrival", "scheduled", "first_token"}: on the
+    # output that carries a request's first token (or on its last, if it never got one; keys
+    # of events that did not happen are left out). Only differences are meaningful.
+    timestamps: dict[str, float] | None = None
 
 
 @dataclass

@@ -102,6 +102,8 @@ def build_app(state: ServerState, api_key: str | None = None,
                             Exception: _internal_error},
     )
     app.state.server = state
+    if state.client is not None:
+        state.client.on_timestamps = state.metrics.observe_engine_timestamps
     if api_key is not None:
         state.limits.api_key = api_key
     outer = app

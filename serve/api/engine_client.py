@@ -89,6 +89,8 @@ class EngineClient:
         self.closing = False   # set when the server or the engine stops: new requests get 503
         self.on_engine_death: Callable[[], None] | None = None
         self.on_stats: Callable[[dict], None] | None = None
+        # an output's engine timestamps (queue / prefill histograms), whatever its group's state
+        self.on_timestamps: Callable[[dict], None] | None = None
         self._groups: dict[str, RequestGroup] = {}
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
@@ -172,6 +174,8 @@ class EngineClient:
                 continue
             if msg[0] == "outputs":
                 for out in msg[1]:
+                    if self.on_timestamps and isinstance(out.get("timestamps"), dict):
+                        self.on_timestamps(out["timestamps"])
                     group = self._groups.get(out["request_id"])
                     if group is not None:
                         group.queue.put_nowait(out)
