@@ -126,11 +126,11 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
         raise ValueError(f"{gguf_path}: architecture {arch!r}, only 'llama' is supported")
     n_head = int(_field(reader, "llama.attention.head_count"))
     n_kv = int(_field(reader, "llama.attention.head_count_kv", n_head))
-    from tqdm import tqdm
+    from .weights import progress_bar
 
     tensors = {}
-    for t in tqdm(reader.tensors, desc=f"{MODEL_NAME}: GGUF -> safetensors (once)",
-                  unit="tensor", mininterval=0.5, leave=False):
+    for t in progress_bar(reader.tensors, desc=f"{MODEL_NAME}: GGUF -> safetensors (once)",
+                          unit="tensor"):
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF dims are fastest-first
         name = t.name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 import torch
 from tqdm import tqdm
@@ -133,20 +134,62 @@ def init_dummy(model, cfg, seed: int) -> None:
             p.data.normal_(0.0, std, generator=gen_for(p.device))
 
 
-def checkpoint_tensors(path: str):
-    """(name, tensor) for every tensor of the directory's safetensors files, with a progress bar."""
+PROGRESS_ENV = "TSKERNELS_PROGRESS"   # "1": bars on, "0": off, unset / "auto": on a TTY
+PROGRESS_MININTERVAL_S = 0.5
+
+
+def progress_enabled(stream=None) -> bool:
+    """Whether start-up progress bars (weight loading, the GGUF conversion) are drawn on
+    `stream` (default stderr): TSKERNELS_PROGRESS=1 forces them, =0 turns them off; otherwise
+    only on a terminal, so redirected logs (a service, CI, `2> file`) keep one line per event."""
+    mode = os.environ.get(PROGRESS_ENV, "auto").strip().lower()
+    if mode in ("1", "on", "true", "yes"):
+        return True
+    if mode in ("0", "off", "false", "no"):
+        return False
+    if mode not in ("", "auto"):
+        raise ValueError(f"{PROGRESS_ENV}: expected 1, 0 or auto, got {mode!r}")
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def progress_bar(iterable=None, *, desc: str, unit: str, total: float | None = None,
+                 unit_scale: bool = False, file=None):
+    """The one progress-bar style of start-up (tqdm on stderr, redrawn at most every
+    PROGRESS_MININTERVAL_S, cleared when done: the log line that follows says what happened);
+    a no-op bar where `progress_enabled` says no."""
+    return tqdm(iterable, desc=desc, unit=unit, total=total, unit_scale=unit_scale,
+                mininterval=PROGRESS_MININTERVAL_S, leave=False, file=file,
+                disable=not progress_enabled(file))
+
+
+def _tensor_bytes(file: str) -> int:
+    """Bytes of tensor data in a safetensors file: its size less the 8-byte length and the
+    JSON header that length names."""
+    with open(file, "rb") as f:
+        header = int.from_bytes(f.read(8), "little")
+    return os.path.getsize(file) - 8 - header
+
+
+def checkpoint_tensors(path: str, progress_file=None):
+    """(name, tensor) for every tensor of the directory's safetensors files, with a progress
+    bar over the tensor bytes (advanced once the consumer has taken each tensor)."""
     from safetensors import safe_open
 
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors files")
-    with tqdm(total=len(files), desc="Loading weights", unit="file",
-              disable=len(files) < 2 and os.environ.get("TSKERNELS_PROGRESS") != "1") as bar:
+    total = sum(_tensor_bytes(f) for f in files)
+    desc = f"Loading weights ({len(files)} files)" if len(files) > 1 else "Loading weights"
+    with progress_bar(desc=desc, unit="B", total=total, unit_scale=True,
+                      file=progress_file) as bar:
         for f in files:
             with safe_open(f, framework="pt") as st:
                 for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    yield name, st.get_tensor(name)
-            bar.update(1)
+                    t = st.get_tensor(name)
+                    yield name, t
+                    bar.update(t.numel() * t.element_size())
 
 
 def load_checkpoint(model, path: str) -> None:
