@@ -13,8 +13,8 @@ CLI: `python -m autotune list | diff | prune | export | explain | tune` (see __m
 """
 from . import capture
 from .cache import Store, default_store, device_key, pow2_bucket
-from .declare import (KernelSpace, Runner, Target, bucket_str, declare, get_space, jit_source,
-                      parse_bucket, spaces)
+from .declare import (BACKEND_KNOBS, KernelSpace, Runner, Target, backend_options, bucket_str,
+                      declare, get_space, jit_source, parse_bucket, spaces)
 from .lookup import Choice, Lookup, StaleTableWarning, choose, default_lookup
 from .search import Result, search
 from .space import Space
@@ -22,7 +22,7 @@ from .table import Entry, Table, Tables, current_versions, device_family
 from .timer import cpu_timer, cuda_timer
 from .tune import BucketResult, RepeatReport, repeat_report, tune, tune_bucket
 
-__all__ = ["BucketResult", "Choice", "Entry", "KernelSpace", "Lookup", "RepeatReport", "Result",
+__all__ = ["BACKEND_KNOBS", "backend_options", "BucketResult", "Choice", "Entry", "KernelSpace", "Lookup", "RepeatReport", "Result",
            "Runner", "Space", "StaleTableWarning", "Store", "Table", "Tables", "Target",
            "bucket_str", "capture", "choose", "cpu_timer", "cuda_timer", "current_versions",
            "declare", "default_lookup", "default_store", "device_family", "device_key",

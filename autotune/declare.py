@@ -144,7 +144,7 @@ class KernelSpace:
     def source_hash(self) -> str | None:
         if self.source is None:
             return None
-        return hashlib.sha256(str(self.source()).encode()).hexdigest()[:16]
+        return _text_hash(str(self.source()))
 
 
 class Runner:
@@ -201,7 +201,33 @@ def _src_and_globals(fn) -> tuple[str | None, dict]:
     return None, {}
 
 
+_HASHES: dict[str, str] = {}
+_JIT_MEMO: dict[int, tuple[str, str]] = {}
+
+
+def _text_hash(text: str) -> str:
+    """sha256 prefix of `text`, memoised (lookups hash a kernel's source on every launch)."""
+    h = _HASHES.get(text)
+    if h is None:
+        h = _HASHES[text] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return h
+
+
 def jit_source(fn, _depth: int = 3, _seen: set | None = None) -> str:
+    """The normalized source of a `@triton.jit` function and of the jit functions it calls
+    (memoised per function while its source text object is unchanged)."""
+    src = getattr(fn, "src", None)
+    if _seen is None and isinstance(src, str):
+        hit = _JIT_MEMO.get(id(fn))
+        if hit is not None and hit[0] is src:
+            return hit[1]
+        out = _jit_source(fn, _depth, None)
+        _JIT_MEMO[id(fn)] = (src, out)
+        return out
+    return _jit_source(fn, _depth, _seen)
+
+
+def _jit_source(fn, _depth: int = 3, _seen: set | None = None) -> str:
     """The normalized source of a `@triton.jit` function and of the jit functions it calls
     (by name, through its globals, `_depth` levels deep); the same text whether Triton compiles
     or interprets (TRITON_INTERPRET=1). Duck-typed: this package does not import triton."""
@@ -216,7 +242,7 @@ def jit_source(fn, _depth: int = 3, _seen: set | None = None) -> str:
             dep = glb.get(name)
             if dep is not None and dep is not fn and _src_and_globals(dep)[0] is not None \
                     and not isinstance(dep, type) and not callable(getattr(dep, "__code__", None)):
-                parts.append(jit_source(dep, _depth - 1, seen))
+                parts.append(_jit_source(dep, _depth - 1, seen))
     return "\n".join(p for p in parts if p)
 
 

@@ -15,7 +15,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from autotune import Choice, KernelSpace, Runner, Target, choose, device_key
+from autotune import Choice, KernelSpace, Runner, Target, backend_options, choose, device_key
+
+__all__ = ["ROTATE_BYTES", "TensorRunner", "backend_options", "choice", "config", "dtype_name",
+           "explain", "parse_shape", "rows_bucket"]
 
 # Bytes of input copies a memory-bound runner rotates through (H200 L2: 50 MB), so a timing
 # reads DRAM, not L2.

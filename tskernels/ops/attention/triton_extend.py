@@ -24,7 +24,7 @@ from ...plan import PlanBase
 from ...platform import platform_of
 from ...registry import register
 from .._common import TRITON
-from . import _validate as v_
+from . import _tune, _validate as v_
 from ..shared.triton_math import LOG2E, kv_scales, safe_tanh
 from ._validate import KV_FORMATS
 
@@ -289,11 +289,21 @@ class ExtendPlan(PlanBase):
         on_gpu = qo_indptr.device.type == "cuda"
         plat = platform_of(qo_indptr.device) if on_gpu else None
         arch = plat.arch if plat is not None and plat.vendor == "amd" else None
-        self.block_m, self.block_n, self.num_warps, self.num_stages = config or \
-            _launch_config(head_dim, q_dtype, on_gpu, arch=arch,
-                           short_rows=kv_dtype.itemsize >= 2 and causal
-                           and _mean_keys(counts, lens, 128) < SHORT_ROWS_KEYS)
+        short = kv_dtype.itemsize >= 2 and causal and _mean_keys(counts, lens, 128) < SHORT_ROWS_KEYS
         self.launch_options = dict(CDNA_OPTIONS) if arch in CDNA_ARCHS else {}
+        self.tuned_from = None
+        if config is None and on_gpu:
+            # the tuned config (autotune tables), else _launch_config through the space
+            choice = _tune.extend_choice(
+                qo_indptr.device, head_dim=head_dim, group=self.group, q_dtype=q_dtype,
+                kv_dtype=kv_dtype, causal=causal, counts=counts, lens=lens, short_rows=short,
+                arch=arch)
+            c = choice.config
+            config = (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"])
+            self.launch_options.update(_tune.tuning.backend_options(c))
+            self.tuned_from = choice.link
+        self.block_m, self.block_n, self.num_warps, self.num_stages = config or \
+            _launch_config(head_dim, q_dtype, on_gpu, arch=arch, short_rows=short)
         self.block_d = max(16, triton.next_power_of_2(head_dim))
         work = [(b, i) for b, c in enumerate(counts) for i in range(triton.cdiv(c, self.block_m))]
         # Longest work first (later query blocks of long requests see the most keys); the

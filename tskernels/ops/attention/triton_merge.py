@@ -14,6 +14,7 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from . import _tune
 
 
 @triton.jit
@@ -52,16 +53,24 @@ def _cases():
           tags=("deterministic",), compile_cases=_cases)
 def merge_states(o_a, lse_a, o_b, lse_b):
     """Triton merge of two partial attention states (one pass over both)."""
+    return _merge(o_a, lse_a, o_b, lse_b)
+
+
+def _merge(o_a, lse_a, o_b, lse_b, cfg: dict | None = None):
+    """cfg: the launch config ({"num_warps"}); None: the tuned one on CUDA (autotune)."""
     N, H, D = o_a.shape
     o = torch.empty_like(o_a)
     lse = torch.empty(N, H, dtype=torch.float32, device=o_a.device)
     if N == 0 or H == 0:
         return o, lse.to(lse_a.dtype)
+    if cfg is None:
+        cfg = _tune.merge_config(N, H, D, o_a.dtype, o_a.device) \
+            if o_a.device.type == "cuda" else {"num_warps": 1}
     la, lb = lse_a.contiguous(), lse_b.contiguous()
     if o_a.stride(-1) != 1 or o_b.stride(-1) != 1:
         o_a, o_b = o_a.contiguous(), o_b.contiguous()
     _merge_two_kernel[(N, H)](
         o_a, la, o_b, lb, o, lse, H, D, o_a.stride(0), o_a.stride(1), o_b.stride(0),
         o_b.stride(1), o.stride(0), o.stride(1), la.stride(0),
-        BLOCK_D=triton.next_power_of_2(max(D, 16)), num_warps=1)
+        BLOCK_D=triton.next_power_of_2(max(D, 16)), num_warps=cfg["num_warps"])
     return o, lse.to(lse_a.dtype)

@@ -13,6 +13,7 @@ from ...compile import CompileCase
 from ...platform import interpreter_enabled
 from ...registry import register
 from .._common import TRITON
+from . import _tune
 from ..shared.triton_math import round_to_e4m3_grid
 
 
@@ -66,16 +67,25 @@ def _cases():
           tags=("deterministic",), compile_cases=_cases)
 def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
     """Triton paged K/V write, optional fp8 quantize-on-write."""
+    _store(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def _store(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, cfg: dict | None = None):
+    """cfg: {"block_h", "num_warps"}; None: the tuned one on CUDA (autotune), else the
+    heuristic (block_h = heads up to 4096 elements per program, 4 warps)."""
     T, H, D = k.shape
     if T == 0:
         return
     quant = k_cache.dtype == torch.float8_e4m3fn
     block_d = triton.next_power_of_2(D)
-    block_h = max(1, min(triton.next_power_of_2(H), 4096 // block_d))
+    if cfg is None:
+        cfg = _tune.store_config(T, H, D, k.dtype, k_cache.dtype, k.device) \
+            if k.device.type == "cuda" else _tune._store_heuristic({"H": H, "D": D})
+    block_h = cfg["block_h"]
     ks = k_scale if quant else slot_mapping  # any pointer; unused unless QUANT
     vs = v_scale if quant else slot_mapping
     _store_kv_kernel[(T, triton.cdiv(H, block_h))](
         k, v, k_cache, v_cache, slot_mapping, ks, vs, H, D, k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), QUANT=quant, PER_HEAD=quant and k_scale.numel() > 1,
         BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUND=quant and interpreter_enabled(),
-        num_warps=4)
+        num_warps=cfg["num_warps"])
