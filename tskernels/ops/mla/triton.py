@@ -20,6 +20,7 @@ from ...platform import platform_of
 from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
+from . import _tune
 from ..shared.split_kv import merge_block_d, merge_kernel
 from ..shared.triton_math import LN2, LOG2E, fp8_to_f16
 
@@ -119,6 +120,30 @@ def _mla_kernel(q_ptr, kv_ptr, qo_ptr, pt_ptr, lens_ptr, kvs_ptr, o_ptr, po_ptr,
                  o.to(o_ptr.dtype.element_ty), mask=rm[:, None])
 
 
+# AMD CDNA (wave 64): heuristic launch configs per arch. No AMD GPU ran them; the compile matrix
+# shows MFMA, no scratch and LDS within the arch for each. The NVIDIA 64-row form (8 warps,
+# 64-key tiles, 2 stages) spilled 1.1-2.7 KB to scratch there and needed 80 KB of LDS.
+CDNA_ARCHS = ("gfx942", "gfx950")
+# 16x16 MFMA: the 16-row form is one MFMA row block, and 32x32 tiles spilled (256 B, gfx942);
+# waves_per_eu unset: these tiles take 330-510 VGPRs (one wave per SIMD), and a cap of 256
+# (waves_per_eu=2) spilled
+CDNA_OPTIONS = {"matrix_instr_nonkdim": 16}
+
+
+def cdna_config(arch: str, num_heads: int) -> tuple[int, int, int, int]:
+    """(BLOCK_R, BLOCK_N, num_warps, num_stages) of the 16-bit / fp8 latents on gfx942 / gfx950."""
+    # 4 waves, not 8: the [rows x 512] accumulator and q tile are replicated per wave along
+    # N, so 8 waves are capped at 256 VGPRs and spilled (224-952 B) where 4 waves fit in 512
+    # 32-key tiles: 64-key tiles spilled at 2 stages (272-1376 B)
+    if arch == "gfx950":
+        # 160 KB LDS: 2 stages; 32 rows at most (64 fp8 rows spilled 580 B with gfx950's
+        # native e4m3 conversions)
+        return min(32, max(16, triton.next_power_of_2(num_heads))), 32, 4, 2
+    # gfx942, 64 KB LDS: one stage (two spilled 24-324 B); 64 rows use all 64 KB, and halve
+    # the latent reads of 32-row blocks at 128 heads
+    return min(64, max(16, triton.next_power_of_2(num_heads))), 32, 4, 1
+
+
 class MLAPlan(PlanBase):
     """Per-batch MLA metadata and workspace (decode: qo_indptr = arange(B + 1); q_dtype is
     accepted for the plan interface and not needed: the kernel specialises on q at launch).
@@ -136,6 +161,7 @@ class MLAPlan(PlanBase):
         self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
         self.H, self.dc, self.dr, self.page_size = num_heads, kv_lora_rank, rope_dim, page_size
         self.scale, self.causal = scale, causal
+        self.tuned_from = None
         dev = page_table.device
         gpu = dev.type == "cuda"
         self.block_r = block_r or (min(64, max(16, triton.next_power_of_2(num_heads))) if gpu
@@ -151,12 +177,32 @@ class MLAPlan(PlanBase):
         # (the [rows x 512] accumulator).
         small = nvidia and self.block_r <= 16  # measured on NVIDIA only
         bn, nw, ns = ((32, 4, 3) if fp8 else (128, 8, 2)) if small else (64, 8, 2)
+        plat = platform_of(dev) if gpu and not nvidia else None
+        arch = plat.arch if plat is not None and plat.vendor == "amd" else None
+        self.launch_options = {}
+        if arch in CDNA_ARCHS:
+            br, bn, nw, ns = cdna_config(arch, num_heads)
+            self.block_r = block_r or br
+            self.launch_options = dict(CDNA_OPTIONS)
         if gpu and block_r is None and any(d is not None and d.itemsize == 4
                                            for d in (q_dtype, kv_dtype)):
             # fp32 (a correctness mode): a 64-row [rows x 576] fp32 Q tile plus 64-key fp32
             # stages need ~311 KB of shared memory (the H200 conformance tier hit it); 16 rows,
             # 32-key tiles and one stage fit (~110 KB). Not yet timed or run on the GPU.
             self.block_r, bn, nw, ns = 16, 32, 4, 1
+        elif gpu and all(x is None for x in (block_r, block_n, num_warps, num_stages,
+                                             num_splits)):
+            # the tuned config (autotune tables), else the choices above through the space
+            B0 = page_table.shape[0]
+            if max_new_tokens is None:
+                max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B0 else 0
+            ch = _tune.choice(
+                max_new_tokens == 1 and not causal, dev, heads=num_heads, kv_dtype=kv_dtype,
+                batch=B0, max_seq_len=max_seq_len or page_table.shape[1] * page_size,
+                new_tokens=max(1, max_new_tokens), nvidia=nvidia)
+            bn, nw, ns = ch.config["block_n"], ch.config["num_warps"], ch.config["num_stages"]
+            num_splits = ch.config["num_splits"] or None
+            self.tuned_from = ch.link
         self.block_n = block_n or (bn if gpu else 16)
         self.num_warps = num_warps or (nw if gpu else 4)
         self.num_stages = num_stages or (ns if gpu else 1)
@@ -209,7 +255,7 @@ class MLAPlan(PlanBase):
             CAUSAL=self.causal, IEEE=q.dtype == torch.float32,
             FP8_ASM=self.fp8_asm and kv_cache.dtype == torch.float8_e4m3fn
             and q.dtype != torch.float32, num_warps=self.num_warps,
-            num_stages=self.num_stages)
+            num_stages=self.num_stages, **self.launch_options)
         if split:
             bs = max(2, triton.next_power_of_2(self.num_splits))
             bd = merge_block_d(self.dc, bs)  # (dc: a power of two)
@@ -222,6 +268,7 @@ class MLAPlan(PlanBase):
 
 def _cases():
     out = []
+    nvidia = tuple(t for t in TRITON["compiled"] if t.startswith("sm_"))
     for kv_t in ("*bf16", "*fp8e4nv"):
         sig = {"q_ptr": "*bf16", "kv_ptr": kv_t, "qo_ptr": "*i32", "pt_ptr": "*i32",
                "lens_ptr": "*i32", "kvs_ptr": "*fp32", "o_ptr": "*bf16", "po_ptr": "*fp32",
@@ -236,7 +283,16 @@ def _cases():
         c = dict(DC=512, DR=64, PAGE=64, BLOCK_R=64, BLOCK_N=64, SPLIT=fp8, SCALED=fp8,
                  CAUSAL=fp8, IEEE=False)
         out.append(CompileCase(_mla_kernel, sig, c, num_warps=8, num_stages=2, uses_dot=True,
-                               label=kv_t[1:], aligned=strides))
+                               label=kv_t[1:], aligned=strides, targets=nvidia))
+        # CDNA: the per-arch configs at 128 heads (the arch's row cap) and at 16 heads
+        for arch, heads in ((a, h) for a in CDNA_ARCHS for h in (128, 16)):
+            br, bn, nw, ns = cdna_config(arch, heads)
+            cc = dict(c, BLOCK_R=br, BLOCK_N=bn) if heads > 16 else \
+                dict(c, BLOCK_R=br, BLOCK_N=bn, SPLIT=True, CAUSAL=False)
+            out.append(CompileCase(_mla_kernel, sig, cc, num_warps=nw, num_stages=ns,
+                                   uses_dot=True, label=f"{kv_t[1:]}_{br}rows_{arch}",
+                                   aligned=strides, targets=(arch,),
+                                   options=tuple(CDNA_OPTIONS.items())))
         small = dict(c, BLOCK_R=16, BLOCK_N=32 if fp8 else 128, SPLIT=True, CAUSAL=False)
         nw, ns = (4, 3) if fp8 else (8, 2)
         out.append(CompileCase(_mla_kernel, sig, small, num_warps=nw, num_stages=ns,
