@@ -6,7 +6,8 @@ Two PUSH/PULL pipes, both bound by the API process (ipc:// sockets in a private 
                  ("abort", [request_id, ...])
                  ("shutdown",)
   engine -> API  ("ready", info)             once, after the model is loaded
-                 ("outputs", [output_dict], stats)
+                 ("outputs", [output_dict], stats)   OUTPUT_FIELDS; "timestamps" once per
+                                            request (/metrics' queue and prefill times)
                  ("stats", stats)           after aborts/adds that changed nothing else
                  ("error", request_id, message)   the engine rejected an add (ValueError)
                  ("stopping",)              got SIGTERM: takes no new work from now on
