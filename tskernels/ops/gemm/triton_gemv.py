@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ...compile import CompileCase
+from . import _tune
 
 MAX_M = 64
 # fp32 workspace elements and arrival counters kept per device (16 MiB / 256 KiB)
@@ -151,8 +152,7 @@ def mpad(m: int) -> int:
 def plan(m: int, n: int, k: int, fp8: bool, device: torch.device, config: dict | None = None):
     """(config, split, k_split): the tile config and how many K splits (k_split elements each,
     a multiple of BK) give about TARGET_PROGRAMS_PER_SM programs per SM."""
-    mp = mpad(m)
-    cfg = dict(config or STREAM_CONFIGS[("fp8" if fp8 else "16bit", mp)])
+    cfg = dict(config or _tune.stream_config(m, n, k, fp8, None, device))
     tiles = triton.cdiv(n, cfg["BN"])
     kblocks = triton.cdiv(k, cfg["BK"])
     want = max(1, round(TARGET_PROGRAMS_PER_SM * _num_sms(device) / tiles))

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ...compile import CompileCase
+from . import _tune
 
 # Tile configs per shape bucket (H200; first matching row wins). Kept as data so the
 # autotuner (autotune/) can adopt them as its defaults and search around them.
@@ -143,7 +144,7 @@ def persistent_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
     m, k = a.shape
     n = b.shape[0]
     fp8 = a_scale is not None
-    cfg = dict(config or pick(FP8_CONFIGS if fp8 else MM_CONFIGS, m))
+    cfg = dict(config or _tune.mm_config(m, n, k, fp8, a.dtype, a.device))
     if fp8 and (cfg["BK"] != block or block % cfg["BN"]):
         raise ValueError(f"block: the fp8 kernel needs block == BK ({cfg['BK']}) and a multiple "
                          f"of BN ({cfg['BN']}), got {block}")
