@@ -22,7 +22,7 @@ fi
 
 install() {
   export TSKERNELS_TEST_SHARDS=15 OMP_NUM_THREADS=1
-  pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .gpuwhl/*.whl 2>/dev/null \
+  pip install -q --no-index --no-deps --target /tmp/site $(ls .whl/*.whl .gpuwhl/*.whl 2>/dev/null) \
     && export PYTHONPATH=$PWD:/tmp/site
   python -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
 }
@@ -58,4 +58,23 @@ if [ "$STAGE" = tier2 ] || [ "$STAGE" = all ]; then  # MLA, kvcache, row ops, co
     --kernel autotune.tuned_vs_heuristic=tests/autotune/test_tuning_gpu.py,tests/autotune/test_kernel_spaces.py,$K/test_attention_tuned.py \
     --kernel "gdn.launch_variants=$K/test_gdn.py::test_decode_block_widths|test_prefill_launch_variants" \
     2>&1 | tail -30
+fi
+
+if [ "$STAGE" = recheck ]; then  # what changed after its last GPU-tier run (session 11)
+  install
+  timeout ${TIER_TIMEOUT:-400} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-400} - 20 )) --out "$OUT/gpu_tier_recheck.json" $P \
+    --kernel mla.decode.triton=$K/test_mla.py \
+    --kernel mla.extend.triton=$K/test_mla.py \
+    --kernel conformance=tests/registry/test_conformance.py \
+    --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
+    --kernel "serve.grammar_mask=tests/serve/test_token_bitmask.py" \
+    2>&1 | tail -30
+fi
+
+if [ "$STAGE" = recheck2 ]; then  # the two that failed in recheck: no C++ build needed
+  pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
+  timeout ${TIER_TIMEOUT:-200} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-200} - 20 )) --out "$OUT/gpu_tier_recheck2.json" $P \
+    --kernel conformance=tests/registry/test_conformance.py \
+    --kernel "serve.grammar_mask=tests/serve/test_token_bitmask.py" \
+    2>&1 | tail -15
 fi

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import torch
 
-from serve.constrained import apply_token_bitmask, json_schema_grammar, lark_grammar
+from serve.constrained import json_schema_grammar, lark_grammar
 from serve.engine import Engine, SamplingParams
 from tests.serve.fake_engine import tiny_model
 
@@ -29,21 +29,6 @@ def engine(tmp_path_factory):   # vocab 49152: the SmolLM2 tokenizer's
 
 def _prompt(engine, text="Hello there"):
     return engine.tokenizer.encode(text)
-
-
-def test_apply_token_bitmask_matches_bits():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 70, generator=g)
-    allowed = torch.rand(3, 70, generator=g) < 0.3
-    words = torch.zeros(3, 3, dtype=torch.int64)
-    for t in range(70):
-        words[:, t // 32] |= allowed[:, t].long() << (t % 32)
-    mask = ((words + (1 << 31)) % (1 << 32) - (1 << 31)).to(torch.int32).numpy()   # int32 bits
-    out = apply_token_bitmask(logits, mask)
-    assert torch.equal(out[allowed], logits[allowed])
-    assert torch.isneginf(out[~allowed]).all()
-    with pytest.raises(ValueError, match="bitmask"):
-        apply_token_bitmask(logits, mask[:, :2])
 
 
 def test_json_schema_grammar_mixed_batch(engine):
