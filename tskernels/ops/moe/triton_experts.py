@@ -15,6 +15,7 @@ import triton
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from . import _tune
 from .triton_align import align
 from .triton_gemm import combine_kernel, down_kernel, gate_up_kernel
 
@@ -73,7 +74,7 @@ def experts(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_scale=
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=dev)
     if tokens == 0:
         return out
-    cfg = tiles or tiles_for(tokens, fp8)
+    cfg = tiles or _tune.tiles(tokens, hidden, inter, num_experts, top_k, fp8, dev)
     numel = tokens * top_k
     sorted_ids, expert_ids, total = align(topk_ids, num_experts, cfg.block_m)
     max_padded = sorted_ids.numel()

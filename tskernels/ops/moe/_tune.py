@@ -1,0 +1,110 @@
+"""Tuning space of the Triton fused experts' aligned path, `moe.fused_experts.triton` (see
+autotune.declare): the gate-up and down tiles (`triton_experts.Tiles`) per token-count bucket.
+
+The heuristic is `triton_experts.tiles_for` (the kernel's own table), so without a table entry
+a launch is what it was. fp8 weights need 128-wide K steps (one scale group), a gate-up N tile
+of one quantization group and a down N tile dividing it; the pruner drops the other configs.
+The decode path without alignment (triton_direct) is not part of this space.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+
+import torch
+
+from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+
+from ... import tuning
+
+FP8_BLOCK = 128
+QWEN3 = dict(E=128, k=8, H=2048, I=768)
+
+
+def _experts():
+    from . import triton_experts
+    return triton_experts
+
+
+def _heuristic(p: Mapping) -> dict:
+    return asdict(_experts().tiles_for(p["T"], p.get("w") == "fp8"))
+
+
+def _prune(cfg, p, target) -> str | None:
+    fp8 = p.get("w") == "fp8"
+    if fp8 and (cfg["up_k"] != FP8_BLOCK or cfg["down_k"] != FP8_BLOCK
+                or cfg["up_n"] != FP8_BLOCK or FP8_BLOCK % cfg["down_n"]):
+        return "fp8 weights: K tiles and the gate-up N tile of one 128 block, down N dividing it"
+    elem = 1 if fp8 else 2
+    up = cfg["up_stages"] * (cfg["block_m"] + 2 * cfg["up_n"]) * cfg["up_k"] * elem
+    down = cfg["down_stages"] * (cfg["block_m"] + cfg["down_n"]) * cfg["down_k"] * elem
+    if max(up, down) > target.smem_bytes:
+        return f"{max(up, down)} B of operand stages exceed {target.smem_bytes} B"
+    up_regs = 2 * cfg["block_m"] * cfg["up_n"] // (cfg["up_warps"] * target.warp_size)
+    down_regs = cfg["block_m"] * cfg["down_n"] // (cfg["down_warps"] * target.warp_size)
+    if max(up_regs, down_regs) > 128:
+        return f"{max(up_regs, down_regs)} fp32 accumulator registers per thread"
+    if cfg["block_m"] > 16 * pow2_bucket(max(1, p["T"] * p["k"] // p["E"])) and cfg["block_m"] > 16:
+        return "row blocks far larger than the tokens per expert"
+    return None
+
+
+def _runner(p, device):
+    from tskernels_ref.moe import fused_experts as ref
+    T, E, k, H, I = p["T"], p["E"], p["k"], p["H"], p["I"]
+    fp8 = p.get("w") == "fp8"
+    cuda = torch.device(device).type == "cuda"
+    dt = torch.bfloat16 if cuda else torch.float16
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(T, H, generator=g).to(device, dt)
+    w13 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(device)
+    w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(device)
+    scales = {}
+    if fp8:
+        s13 = torch.rand(E, -(-2 * I // FP8_BLOCK), -(-H // FP8_BLOCK), generator=g) * 0.01 + 0.005
+        s2 = torch.rand(E, -(-H // FP8_BLOCK), -(-I // FP8_BLOCK), generator=g) * 0.01 + 0.005
+        scales = dict(w13_scale=s13.to(device), w2_scale=s2.to(device))
+        w13 = (w13 * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        w2 = (w2 * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    else:
+        w13, w2 = w13.to(dt), w2.to(dt)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(device, torch.int32)
+    weights = torch.softmax(torch.randn(T, k, generator=g), -1).to(device)
+    tiles = _experts().Tiles
+
+    def launch(cfg, _inputs):
+        return _experts().experts(x, w13, w2, weights, ids, tiles=tiles(**cfg), **scales)
+
+    def reference(_inputs):
+        return ref(x.double(), w13 if fp8 else w13.double(), w2 if fp8 else w2.double(),
+                   weights.double(), ids, **{n: s.double() for n, s in scales.items()})
+    return tuning.TensorRunner(lambda d: (), launch, reference, device, rotate=False)
+
+
+def _source():
+    from . import triton_gemm
+    return "\n".join(jit_source(f) for f in (triton_gemm.gate_up_kernel, triton_gemm.down_kernel))
+
+
+EXPERTS = declare(KernelSpace(
+    "moe.fused_experts.triton",
+    Space(block_m=[16, 32, 64, 128], up_n=[32, 64, 128], up_k=[64, 128],
+          down_n=[64, 128, 256], down_k=[64, 128], group_m=[1, 8], up_warps=[4, 8],
+          up_stages=[3, 4], down_warps=[4, 8], down_stages=[3, 4]),
+    key=lambda p: {"T": pow2_bucket(p["T"]), "E": p["E"], "k": p["k"], "H": p["H"],
+                   "I": p["I"], "w": p.get("w", "bf16")},
+    heuristic=_heuristic, prune=_prune, source=_source, runner=_runner,
+    parse=tuning.parse_shape, exact=("E", "k", "H", "I"),
+    example={"T": 64, "E": 8, "k": 2, "H": 2048, "I": 768, "w": "bf16"},
+    shapes=tuple(dict(QWEN3, T=t, w="bf16") for t in (64, 1024, 8192))))
+
+
+def tiles(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, fp8: bool,
+          device):
+    """The aligned path's tiles: tuned on CUDA (lookup chain), else `tiles_for`."""
+    te = _experts()
+    if device.type != "cuda":
+        return te.tiles_for(tokens, fp8)
+    cfg = tuning.config(EXPERTS, {"T": tokens, "E": num_experts, "k": top_k, "H": hidden,
+                                  "I": inter, "w": "fp8" if fp8 else "bf16"}, device)
+    return te.Tiles(**cfg)
