@@ -63,6 +63,9 @@ def test_fast_and_exact_paths_draw_the_same_tokens(kernel_device, seed, b, v, dt
     exact = ts.run(x, **p, cmax=1)
     assert torch.equal(fast.token_ids, exact.token_ids)
     assert torch.equal(fast.logprobs, exact.logprobs)
+    # group-max pipeline: rows past one gathered group go through the chunked compaction
+    compact = ts.run(x, **p, pipeline="groupmax", cmax=256, gmax=1)
+    assert torch.equal(compact.token_ids, fast.token_ids)
     greedy = p["temperature"] < ref.SAMPLING_EPS
     assert torch.equal(fast.token_ids[greedy], x.float().argmax(-1)[greedy])
 
@@ -199,6 +202,25 @@ def test_histogram_resolution_changes_no_token(kernel_device):
     x = (torch.randn(b, v, generator=gen) * 3).to(kernel_device)
     p = mixed(b, v, gen, kernel_device)
     cmax = ts.CMAX if HAS_CUDA else 64
-    want = ts.run(x, **p, cmax=cmax).token_ids
+    want = ts.run(x, **p, cmax=cmax, pipeline="histogram").token_ids
     for bins in ((32, 2.0), (64, 4.0)):
         assert torch.equal(ts.run(x, **p, cmax=cmax, bins=bins).token_ids, want), bins
+
+
+def test_pipelines_draw_the_same_tokens(kernel_device):
+    """The group-max pipeline (default) and the histogram one keep the same sets and race with
+    the same noise: equal tokens on a real vocabulary, per-request mixes plus wide top-k rows
+    (the GPU's compaction path; under the interpreter a 2-group gather drives rows there)."""
+    gen = torch.Generator().manual_seed(31)
+    b, v = (12, 151936) if HAS_CUDA else (6, 3000)
+    x = (torch.randn(b, v, generator=gen) * 3).to(kernel_device)
+    p = mixed(b, v, gen, kernel_device)
+    p["top_k"][:3] = torch.tensor([1000, 300, 50]).to(p["top_k"])
+    p["temperature"][:3] = 0.8
+    cmax = ts.CMAX if HAS_CUDA else 64
+    want = ts.run(x, **p, cmax=cmax, pipeline="histogram")
+    for gmax in ((None, 8) if HAS_CUDA else (None, 2)):
+        kw = {} if gmax is None else {"gmax": gmax}
+        got = ts.run(x, **p, cmax=cmax, pipeline="groupmax", **kw)
+        assert torch.equal(got.token_ids, want.token_ids), gmax
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)

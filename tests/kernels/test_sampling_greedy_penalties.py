@@ -45,7 +45,32 @@ def test_greedy_large_vocab_every_chunk_size(kernel_device):
             x[r, col] = 100.0
         if b > 2:
             x[2, 5000] = x[2, 6000] = 200.0
-        assert torch.equal(tg.argmax(x).cpu(), torch.argmax(x.cpu(), dim=-1))
+        want = torch.argmax(x.cpu(), dim=-1)
+        assert torch.equal(tg.argmax(x).cpu(), want)
+        assert torch.equal(tg.argmax(x, variant="two_stage").cpu(), want)
+        for chunk in (1024, 2048, 8192):  # the ticket variant's sweep sizes
+            assert torch.equal(tg.argmax(x, variant="ticket", chunk=chunk).cpu(), want), chunk
+
+
+def test_greedy_variants_on_ties_inf_nan(kernel_device):
+    """Both variants, every sweep chunk size: first index on ties, -inf rows, first NaN,
+    -0.0 == 0.0, and the ticket counters re-armed across calls (same result twice)."""
+    v = 5000
+    x = torch.randn(6, v)
+    x[0, [7, 3000, 4999]] = 9.0
+    x[1] = float("-inf")
+    x[2, [11, 4000]] = float("nan")
+    x[3] = 0.0
+    x[3, 5] = -0.0
+    x[4, 1000:] = float("-inf")
+    x[5, 4097] = float("inf")
+    x = x.to(kernel_device)
+    want = torch.argmax(x.cpu(), dim=-1)
+    for variant, chunk in (("two_stage", None), ("ticket", None), ("ticket", 1024),
+                           ("ticket", 4096)):
+        for _ in range(2):
+            got = tg.argmax(x, variant=variant, chunk=chunk).cpu()
+            assert torch.equal(got, want), (variant, chunk, got, want)
 
 
 def penalty_problem(b, v, length, nb, gen, device):

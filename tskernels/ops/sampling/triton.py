@@ -1,5 +1,8 @@
-"""Triton sampling kernels: greedy argmax over a large vocabulary (split-V, two stages).
+"""Triton sampling kernels: greedy argmax over a large vocabulary (split-V).
 
+Default ("ticket"): one launch; each (row, chunk) program loads its whole chunk at once and
+the row's last program to arrive reduces the partials (no second launch, no drained gap
+between two kernels). "two_stage" (the first measured design):
 Stage 1 gives each (row, chunk) program CHUNK logits; every lane keeps the first maximum it
 sees (strict >), so one reduction at the end gives the chunk's lowest-index maximum. Stage 2
 reduces a row's chunk partials. NaN wins like in torch.argmax (first NaN index), -0.0 == 0.0,
@@ -64,6 +67,64 @@ def _argmax_final(val_ptr, idx_ptr, nan_ptr, out_ptr, S, BLOCK_S: tl.constexpr):
     tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
 
 
+@triton.jit
+def _argmax_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, stride, S,
+                   CHUNK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One launch: a (row, chunk) program reads its whole chunk in one go (every load in
+    flight at once), writes its partial, and the row's last program to arrive (atomic
+    ticket) reduces the row and re-arms the counter."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    valid = cols < V
+    x = tl.load(x_ptr + row.to(tl.int64) * stride + cols, mask=valid,
+                other=float("-inf")).to(tl.float32)
+    num = valid & (x == x)
+    xv = tl.where(num, x, float("-inf"))
+    m = tl.max(xv, axis=0)
+    out = row * S + c
+    tl.store(val_ptr + out, m)
+    tl.store(idx_ptr + out, tl.min(tl.where(num & (xv == m), cols, 2147483647), axis=0))
+    tl.store(nan_ptr + out, tl.min(tl.where(valid & (x != x), cols, 2147483647), axis=0))
+    # every thread's partial stores complete before one release-add counts this program in;
+    # the acquiring last program reads the others' partials past L1 (.cg)
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if done == S - 1:
+        tl.store(cnt_ptr + row, 0)  # re-armed for the next launch (stream-ordered)
+        s = tl.arange(0, BLOCK_S)
+        ok = s < S
+        v = tl.load(val_ptr + row * S + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        i = tl.load(idx_ptr + row * S + s, mask=ok, other=2147483647, cache_modifier=".cg")
+        n = tl.min(tl.load(nan_ptr + row * S + s, mask=ok, other=2147483647,
+                           cache_modifier=".cg"), axis=0)
+        best_v = tl.max(v, axis=0)
+        best = tl.min(tl.where((v == best_v) & (i < 2147483647), i, 2147483647), axis=0)
+        tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _ticket_counters(device: torch.device, batch: int) -> torch.Tensor:
+    """Per-row arrival counters of the device, zeroed once and re-armed by the kernel; grown
+    (a fresh zeroed buffer) when a bigger batch comes. Allocate before graph capture (the
+    serving warm-up runs the largest batch first)."""
+    cnt = _counters.get(device)
+    if cnt is None or cnt.numel() < batch:
+        cnt = _counters[device] = torch.zeros(max(batch, 256), dtype=torch.int32, device=device)
+    return cnt
+
+
+def _ticket_chunk(batch: int, vocab: int) -> int:
+    """Whole-chunk loads of 4096 logits (16 KB of fp32) per program, halved down to 1024
+    while the grid would leave SMs idle (fewer than two programs per SM of an H200)."""
+    chunk = 4096
+    while chunk > 1024 and batch * triton.cdiv(vocab, chunk) < 264:
+        chunk //= 2
+    return chunk
+
+
 def _chunk(batch: int, vocab: int) -> int:
     """Chunk length: large enough that a program streams tens of KB, small enough that the
     grid still covers every SM a few times over at small batches."""
@@ -73,11 +134,34 @@ def _chunk(batch: int, vocab: int) -> int:
     return chunk
 
 
-def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Row argmax of logits [B, V] (last dim contiguous) -> int64 [B]; no host sync."""
+VARIANTS = ("ticket", "two_stage")
+VARIANT = "two_stage"  # "ticket" is not yet run on a GPU
+
+
+def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
+           variant: str | None = None, chunk: int | None = None) -> torch.Tensor:
+    """Row argmax of logits [B, V] (last dim contiguous) -> int64 [B]; no host sync.
+    variant: "ticket" (one launch, last program of a row reduces) or "two_stage" (partials,
+    then a reduction launch); chunk overrides the ticket variant's chunk (a power of two,
+    for sweeps)."""
     batch, vocab = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device) if out is None else out
     if batch == 0:
+        return out
+    variant = variant or VARIANT
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    if variant == "ticket":
+        chunk = min(chunk or _ticket_chunk(batch, vocab), max(128, triton.next_power_of_2(vocab)))
+        n_chunks = triton.cdiv(vocab, chunk)
+        dev = logits.device
+        val = torch.empty(batch, n_chunks, dtype=torch.float32, device=dev)
+        idx = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
+        nan = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
+        _argmax_ticket[(batch, n_chunks)](logits, val, idx, nan, _ticket_counters(dev, batch),
+                                          out, vocab, logits.stride(0), n_chunks, CHUNK=chunk,
+                                          BLOCK_S=max(16, triton.next_power_of_2(n_chunks)),
+                                          num_warps=8)
         return out
     chunk = _chunk(batch, vocab)
     n_chunks = triton.cdiv(vocab, chunk)
@@ -100,11 +184,16 @@ def _greedy_cases():
     return [CompileCase(_argmax_chunk, sig, dict(CHUNK=16384, BLOCK=_BLOCK), num_warps=8),
             CompileCase(_argmax_chunk, dict(sig, x_ptr="*bf16"), dict(CHUNK=4096, BLOCK=_BLOCK),
                         num_warps=8, label="bf16"),
-            CompileCase(_argmax_final, fin, dict(BLOCK_S=128), num_warps=1)]
+            CompileCase(_argmax_final, fin, dict(BLOCK_S=128), num_warps=1),
+            CompileCase(_argmax_ticket, dict(sig, cnt_ptr="*i32", out_ptr="*i64"),
+                        dict(CHUNK=4096, BLOCK_S=64), num_warps=8, label="ticket"),
+            CompileCase(_argmax_ticket, dict(sig, x_ptr="*bf16", cnt_ptr="*i32",
+                                             out_ptr="*i64"),
+                        dict(CHUNK=8192, BLOCK_S=32), num_warps=8, label="ticket_bf16")]
 
 
 @register("sampling", "greedy", **TRITON, formats=FORMATS, tags=("deterministic",),
           compile_cases=_greedy_cases)
 def greedy(logits):
-    """Triton split-V argmax (two stages), equal to torch.argmax incl. ties and NaN."""
+    """Triton split-V argmax, equal to torch.argmax incl. ties and NaN."""
     return argmax(logits)

@@ -245,7 +245,9 @@ def _finish(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, 
     top_p = tl.load(p_ptr + row)
     min_p = tl.load(minp_ptr + row)
     k_on = (k > 0) & (k < V)
-    if n <= C_SMALL:
+    if tl.load(plan_ptr + row * 2) < 0:  # the group-max plan already drew this row
+        pass
+    elif n <= C_SMALL:
         _finish_candidates(x_ptr, cs_ptr, ci_ptr, stat_ptr, seed_ptr, step_ptr, tok_ptr, lp_ptr,
                            row, n, M, greedy, k, k_on, top_p, min_p, stride, CMAX, C_SMALL)
     elif n <= CMAX:
@@ -318,12 +320,31 @@ def chunk_size(vocab: int) -> int:
     return min(CHUNK, max(128, triton.next_power_of_2(vocab)))
 
 
-def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=None,
-        num_logprobs: int = 0, cmax: int = CMAX, bins: tuple[int, float] = (NB, BINS_PER_UNIT)):
-    """Launch the pipeline (module doc); returns SampleOutput. cmax: candidate buffer size
-    (tests shrink it to drive rows down the exact bisection path). bins: (number of histogram
-    bins, bins per unit of logit / temperature) -- the run-verified launch is the default;
-    others are for sweeps (fewer bins: cheaper histogram, a few more candidates)."""
+PIPELINES = ("groupmax", "histogram")
+PIPELINE = "histogram"  # this module's; "groupmax": triton_groupmax.py (not yet run on a GPU)
+
+
+def run(logits: torch.Tensor, *, pipeline: str | None = None, **params):
+    """Sample with the default pipeline, or the named one ("groupmax" / "histogram"; passing
+    bins= selects the histogram one). Keyword parameters as run_histogram /
+    triton_groupmax.run."""
+    pipeline = pipeline or ("histogram" if "bins" in params else PIPELINE)
+    if pipeline == "histogram":
+        return run_histogram(logits, **params)
+    if pipeline != "groupmax":
+        raise ValueError(f"pipeline: expected one of {PIPELINES}, got {pipeline!r}")
+    from . import triton_groupmax
+
+    return triton_groupmax.run(logits, **params)
+
+
+def run_histogram(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds,
+                  steps=None, num_logprobs: int = 0, cmax: int = CMAX,
+                  bins: tuple[int, float] = (NB, BINS_PER_UNIT)):
+    """Launch the histogram pipeline (module doc); returns SampleOutput. cmax: candidate
+    buffer size (tests shrink it to drive rows down the exact bisection path). bins: (number
+    of histogram bins, bins per unit of logit / temperature) -- the run-verified launch is the
+    default; others are for sweeps (fewer bins: cheaper histogram, a few more candidates)."""
     from tskernels_ref.sampling import SampleOutput
 
     batch, vocab = logits.shape
@@ -377,6 +398,12 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
 
 
 def _cases():
+    from . import triton_groupmax
+
+    return _histogram_cases() + triton_groupmax.cases()
+
+
+def _histogram_cases():
     x = {"x_ptr": "*fp32", "t_ptr": "*fp32"}
     common = dict(CHUNK=CHUNK)
     bins = dict(NB=NB, BINS_PER_UNIT=BINS_PER_UNIT)
