@@ -19,6 +19,7 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from . import _tune
 from . import triton_penalties, triton_sample  # noqa: F401  (register backends)
 
 FORMATS = {"logits": ("fp32", "fp16", "bf16")}
@@ -163,14 +164,16 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
                                           BLOCK_S=max(16, triton.next_power_of_2(n_chunks)),
                                           num_warps=8)
         return out
-    chunk = _chunk(batch, vocab)
+    tcfg = _tune.greedy_config(batch, vocab, logits.dtype, logits.device)
+    chunk = tcfg["chunk"] or _chunk(batch, vocab)
     n_chunks = triton.cdiv(vocab, chunk)
     dev = logits.device
     val = torch.empty(batch, n_chunks, dtype=torch.float32, device=dev)
     idx = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
     nan = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
     _argmax_chunk[(batch, n_chunks)](logits, val, idx, nan, vocab, logits.stride(0), n_chunks,
-                                     CHUNK=chunk, BLOCK=min(_BLOCK, chunk), num_warps=8)
+                                     CHUNK=chunk, BLOCK=min(tcfg["block"], chunk),
+                                     num_warps=tcfg["num_warps"])
     _argmax_final[(batch,)](val, idx, nan, out, n_chunks,
                             BLOCK_S=max(16, triton.next_power_of_2(n_chunks)), num_warps=1)
     return out
