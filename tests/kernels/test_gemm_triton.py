@@ -144,3 +144,51 @@ def test_gemv_and_fp8_split_under_cuda_graph_replay():
         assert_close(g1, c1.float(), dtype=torch.bfloat16, name="gemv replay")
         assert_close(g2, c2.float(), dtype=torch.bfloat16, name="fp8 replay")
     _workspace_clean(dev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (300, 2112, 1536), (1000, 384, 1024)])
+@pytest.mark.parametrize("cfg", [
+    dict(BM=64, BN=128, BK=128, GROUP_M=8, num_stages=3, num_warps=4, CTAS_PER_SM=2),
+    dict(BM=64, BN=128, BK=128, GROUP_M=8, num_stages=4, num_warps=4, CTAS_PER_SM=2),
+    dict(BM=64, BN=128, BK=128, GROUP_M=8, num_stages=4, num_warps=4)])
+def test_fp8_persistent_candidate_configs(m, n, k, cfg):
+    """The persistent block-fp8 kernel at the configs benchmarks/gemm_decode_ab.py times
+    (64-row tiles, one or two CTAs per SM) vs the reference."""
+    g = torch.Generator().manual_seed(m + n)
+    qa, sa = ref.quantize_fp8_per_token_group((torch.randn(m, k, generator=g) * 3).cuda())
+    qb, sb = ref.quantize_fp8_block((torch.randn(n, k, generator=g) * 0.05).cuda())
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    triton_mm.persistent_mm(qa, qb, out, a_scale=sa, b_scale=sb, config=cfg)
+    want = ref.fp8_block_mm(qa, sa.double(), qb, sb.double(), out_dtype=torch.float64)
+    assert_close(out, want, dtype=torch.bfloat16,
+                 baseline=ref.fp8_block_mm(qa, sa, qb, sb, out_dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gemv_with_and_without_pdl(pdl, monkeypatch):
+    """Back-to-back split / unsplit gemv launches (each a programmatic dependent of the last
+    when pdl) under graph replay give the eager results."""
+    monkeypatch.setattr(triton_gemv, "USE_PDL", pdl)
+    dev = "cuda"
+    shapes = [(1, 4096, 4096), (1, 6144, 4096), (16, 28672, 4096), (1, 4096, 14336)]
+    ops = [_operands(m, n, k, torch.bfloat16, dev, n + k) for m, n, k in shapes]
+    r = torch.randn(1, 4096, device=dev).bfloat16()
+    calls = [lambda a=a, b=b: tskernels.gemm.gemv(a, b, backend="triton") for a, b in ops]
+    calls.append(lambda: tskernels.gemm.gemv(ops[0][0], ops[0][1], residual=r,
+                                             backend="triton"))
+    eager = [c() for c in calls]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [c() for c in calls]
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for o, e, (a, b) in zip(outs, eager, ops + [ops[0]]):
+            assert_close(o, e.float(), dtype=torch.bfloat16, name="replay")
+    want = ref.mm(ops[1][0].double(), ops[1][1].double())
+    assert_close(eager[1], want)
+    _workspace_clean(dev)

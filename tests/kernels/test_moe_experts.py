@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import tskernels
 import tskernels_ref.moe as ref
 from tskernels.numerics import assert_close
+from tskernels.ops.moe import triton_direct as td
 from tskernels.ops.moe import triton_experts as te
 from tskernels_ref.gemm import quantize_fp8_block
 
@@ -143,3 +144,94 @@ def test_fused_layer_captures_in_a_graph(kernel_device):
     w, ids = ref.topk_softmax(logits.cpu(), 4)
     want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w, ids)
     assert_close(out, want)
+
+
+# ---- the align-free decode path (triton_direct) -----------------------------------------------
+DIRECT_SMALL = td.DirectTiles(16, 32, 4, 2, 16, 32, 4, 2)  # interpreter-sized tiles
+DIRECT_TOKEN = td.DirectTiles(16, 32, 4, 2, 16, 32, 4, 2, down="token")
+
+
+@settings(max_examples=6 if not GPU else 15)
+@given(seed=st.integers(0, 2**16), t=st.sampled_from([1, 2, 5]),
+       dims=st.sampled_from([(32, 16), (48, 40), (64, 48)]), e=st.sampled_from([3, 8]),
+       k=st.sampled_from([1, 2, 3, 4]), act=st.sampled_from(["silu", "gelu"]),
+       pattern=st.sampled_from(["random", "one_expert", "non_local"]),
+       down=st.sampled_from(["slot", "token"]))
+def test_direct_experts_small(kernel_device, seed, t, dims, e, k, act, pattern, down):
+    """Per-slot gate-up + the slot down (partials, last arrival sums; k = 3 falls back to the
+    token down) or the token down vs float64 (masked tails: H and I not multiples of the
+    tiles; ids past the local experts dropped)."""
+    h, inter = dims
+    x, w13, w2, w, ids = _problem(t, h, inter, e, min(k, e), torch.float16, kernel_device,
+                                  seed, pattern)
+    tiles = DIRECT_SMALL if down == "slot" else DIRECT_TOKEN
+    out = td.direct_experts(x, w13, w2, w, ids, activation=act, tiles=tiles)
+    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
+                             ids.cpu(), activation=act)
+    base = ref.fused_experts(x.cpu().float(), w13.cpu().float(), w2.cpu().float(), w.cpu(),
+                             ids.cpu(), activation=act).to(x.dtype)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert_close(out, want, baseline=base)
+
+
+def test_public_op_takes_the_direct_path_at_decode_sizes(kernel_device, monkeypatch):
+    """T <= MAX_TOKENS with 16-bit weights runs triton_direct (and gives the same answer as the
+    aligned path within the dtype's tolerance)."""
+    x, w13, w2, w, ids = _problem(2, 64, 32, 6, 2, torch.float16, kernel_device, 5)
+    calls = []
+    real = td.direct_experts
+    monkeypatch.setattr(td, "direct_experts", lambda *a, **kw: calls.append(1) or real(
+        *a, **{**kw, "tiles": DIRECT_SMALL}))
+    out = moe.fused_experts(x, w13, w2, w, ids, backend="triton")
+    assert calls == [1]
+    aligned = te.experts(x, w13, w2, w, ids, tiles=SMALL)
+    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
+                             ids.cpu())
+    assert_close(out, want)
+    assert_close(aligned, want)
+
+
+@pytest.mark.skipif(not GPU, reason="GPU tier")
+@pytest.mark.parametrize("t", [1, 3, 8, 16])
+@pytest.mark.parametrize("pattern", ["random", "one_expert", "non_local"])
+def test_direct_experts_bf16_qwen3_shape(kernel_device, t, pattern):
+    """The default direct tiles at E=128, top-8, hidden 2048, intermediate 768."""
+    x, w13, w2, w, ids = _problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t,
+                                  pattern)
+    out = td.direct_experts(x, w13, w2, w, ids)
+    tok = td.direct_experts(x, w13, w2, w, ids, tiles=td.TOKEN_DOWN)
+    cpu = [a.cpu() for a in (x, w13, w2, w, ids)]
+    want = ref.fused_experts(cpu[0].double(), cpu[1].double(), cpu[2].double(), cpu[3], cpu[4])
+    base = ref.fused_experts(cpu[0].float(), cpu[1].float(), cpu[2].float(), cpu[3],
+                             cpu[4]).to(x.dtype)
+    assert_close(out, want, baseline=base)
+    assert_close(tok, want, baseline=base)
+    assert int(td._counters(x.device).abs().sum()) == 0  # re-armed by the last arrivals
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+def test_direct_path_replays_with_rearmed_counters(kernel_device):
+    """Routing + the align-free experts captured once, replayed on new inputs three times: the
+    slot down's arrival counters re-arm themselves (no host work between replays)."""
+    x, w13, w2, _, _ = _problem(2, 2048, 768, 128, 8, torch.bfloat16, kernel_device, 7)
+    logits = torch.randn(2, 128, device=kernel_device)
+
+    def layer():
+        w, ids = moe.topk_softmax(logits, 8, backend="triton")
+        return moe.fused_experts(x, w13, w2, w, ids, backend="triton")
+
+    layer()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = layer()
+    for i in range(3):
+        logits.copy_(torch.randn(2, 128, device=kernel_device))
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        w, ids = ref.topk_softmax(logits.cpu(), 8)
+        want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w,
+                                 ids)
+        assert_close(out, want, name=f"replay {i}")
+    assert int(td._counters(x.device).abs().sum()) == 0

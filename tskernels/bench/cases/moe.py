@@ -11,6 +11,9 @@ bf16 (Qwen3-30B-A3B's layer), against
   ../shared/H200.md quotes).
 - grouped_mm: `torch._grouped_mm` over the tokens sorted by expert (torch sort / scatter).
 - per_expert_loop: one torch matmul pair per expert that has tokens (host syncs: eager only).
+- aligned_path (GPU): our Triton layer without the decode-size path (align + grouped GEMMs +
+  combine, 16-token routing programs), the design the decode path replaced at small T.
+- direct_token_down (GPU): the decode path with its per-token down variant.
 
 Every input set holds its own copy of the expert weights (1.2 GB), so rotating sets means T=1
 reads its 8 experts from HBM, not L2. FLOPs count the routed rows only; bytes count the
@@ -161,7 +164,34 @@ def _flops(s):
     return 2 * s["T"] * s["k"] * 3 * s["H"] * s["I"]
 
 
+def _aligned_path(d):
+    """Our Triton layer as it ran before the decode path: four-warp 16-token routing
+    programs, align + grouped gate-up + down + combine at every T."""
+    from tskernels.ops.moe import triton_experts, triton_routing
+
+    keep = triton_routing.DECODE_TOKENS
+    triton_routing.DECODE_TOKENS = 0
+    try:
+        w, ids = triton_routing.topk_softmax(d["logits"], d["k"], renormalize=True)
+    finally:
+        triton_routing.DECODE_TOKENS = keep
+    tiles = triton_experts.tiles_for(d["x"].shape[0], False)
+    return triton_experts.experts(d["x"], d["w13"], d["w2"], w, ids, tiles=tiles)
+
+
+def _direct_token_down(d):
+    """The align-free decode path with the per-token down (k slots in one loop) instead of
+    the per-slot down with the fused last-arrival sum."""
+    from tskernels.ops.moe import triton_direct
+
+    w, ids = tskernels.moe.topk_softmax(d["logits"], d["k"])
+    return triton_direct.direct_experts(d["x"], d["w13"], d["w2"], w, ids,
+                                        tiles=triton_direct.TOKEN_DOWN)
+
+
 _baselines = {"grouped_mm": _grouped_mm, "per_expert_loop": _per_expert_loop}
+if torch.cuda.is_available():
+    _baselines.update(aligned_path=_aligned_path, direct_token_down=_direct_token_down)
 if torch.cuda.is_available() and _vllm_module() is not None:
     _baselines = {"vllm_triton": _vllm_layer, "vllm_gemms": _vllm_gemms_only, **_baselines}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from . import _tune
@@ -40,13 +41,19 @@ def _stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr,
                    K_SPLIT,
                    BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr,
                    SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RES: tl.constexpr,
-                   EVEN_K: tl.constexpr):
+                   EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
     """c[:M, n-tile] = x[:M] @ w[n-tile].T (+ r), over K range [pid_k * K_SPLIT, +K_SPLIT).
 
     w [N, K], x [M, K] (row-major in K). FP8: w, x float8 e4m3 with scales
     bs[n // BLOCK, k // BLOCK], as[m, k // BLOCK] (BK == BLOCK, BN divides BLOCK).
     SPLIT: K is split over program_id(1); partials meet in ws (fp32 [M, N]) and cnt.
+    PDL: launched as a programmatic dependent of the previous kernel (sm_90+): the grid is
+    scheduled while that kernel drains and waits for its completion and memory here, before
+    any load or store; it lets the next programmatic dependent launch at once in turn.
     """
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -120,9 +127,21 @@ STREAM_CONFIGS = {
 }
 # programs per SM the split aims for (enough resident tiles to keep the DRAM queues full)
 TARGET_PROGRAMS_PER_SM = 4
+# programmatic dependent launch on sm_90+ CUDA (a module switch so benchmarks can time both)
+USE_PDL = True
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
+_pdl_ok: dict[torch.device, bool] = {}
+
+
+def _pdl(device: torch.device) -> bool:
+    if not USE_PDL or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    ok = _pdl_ok.get(device)
+    if ok is None:
+        ok = _pdl_ok[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return ok
 
 
 def _num_sms(device: torch.device) -> int:
@@ -183,12 +202,14 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     a_s = x_scale if fp8 else dummy
     b_s = w_scale if fp8 else dummy
     grid = (triton.cdiv(n, cfg["BN"]), split)
+    pdl = _pdl(x.device)
     _stream_kernel[grid](
         w, x, out, r, ws, cnt, a_s, b_s, m, n, k, w.stride(0), x.stride(0), out.stride(0),
         r.stride(0), a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, k_split,
         BN=cfg["BN"], BK=cfg["BK"], MP=mpad(m), BLOCK=block, SPLIT=split > 1, FP8=fp8,
-        HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0,
-        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+        HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PDL=pdl,
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
+        **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -210,7 +231,17 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], uses_dot=True,
             aligned=aligned, label=f"{'fp8' if fp8 else 'bf16'} M<={mp}"
                                    f"{' split' if split else ''}{' +res' if res else ''}"))
+    # as launched on sm_90+ CUDA: a programmatic dependent launch (griddepcontrol)
+    pdl = dict(cases[-1].constexprs, PDL=True) if not fp8 else dict(cases[0].constexprs,
+                                                                   PDL=True)
+    base = cases[-1] if not fp8 else cases[0]
+    cases.append(CompileCase(_stream_kernel, sig, pdl, num_warps=base.num_warps,
+                             num_stages=base.num_stages, uses_dot=True, aligned=aligned,
+                             targets=_PDL_TARGETS, label=base.label + " pdl"))
     return cases
+
+
+_PDL_TARGETS = ("sm_90", "sm_100", "sm_120")
 
 
 # ---- registration ----------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from autotune import backend_options
+
 from ...compile import CompileCase
 from . import _tune
 
@@ -30,6 +32,59 @@ MM_CONFIGS = (
 FP8_CONFIGS = (
     (None, dict(BM=128, BN=128, BK=128, GROUP_M=8, num_stages=4, num_warps=8)),
 )
+
+# AMD CDNA (wave 64) tables per arch, with the AMD launch knobs (declared per arch in the
+# tuning spaces, _tune.py): heuristic, not run (no AMD GPU); the compile matrix shows MFMA, no
+# scratch and LDS within the arch for each. AMD's pipeliner keeps num_stages - 1 tiles in LDS:
+# the H200 rows above would need 72-144 KB there.
+CDNA_MM_CONFIGS = {
+    "gfx942": (
+        # 64 x 128 over 4 waves (24 KB LDS); waves_per_eu=2 caps VGPRs for two waves per SIMD
+        # to hide the weight loads of small M (141 VGPRs)
+        (128, dict(BM=64, BN=128, BK=64, GROUP_M=8, num_stages=2, num_warps=4, waves_per_eu=2,
+                   matrix_instr_nonkdim=16)),
+        # 128 x 256 in one 48 KB LDS buffer of the 64 KB (256 x 256 spilled 200 B); 16x16
+        # MFMA as AMD's MI300 GEMM tunings; kpack=2: two K packs per LDS read (188 VGPRs)
+        (None, dict(BM=128, BN=256, BK=64, GROUP_M=8, num_stages=2, num_warps=8,
+                    matrix_instr_nonkdim=16, kpack=2)),
+    ),
+    "gfx950": (
+        # 160 KB LDS: a second buffer in flight (16 KB each); kpack is gone on gfx950
+        (128, dict(BM=64, BN=128, BK=64, GROUP_M=8, num_stages=3, num_warps=4, waves_per_eu=2,
+                   matrix_instr_nonkdim=16)),
+        # 128 x 256, two 48 KB buffers (96 KB of 160 KB, 180 VGPRs)
+        (None, dict(BM=128, BN=256, BK=64, GROUP_M=8, num_stages=3, num_warps=8,
+                    matrix_instr_nonkdim=16)),
+    ),
+}
+CDNA_FP8_CONFIGS = {
+    # 128 x 128 x 128 fp8 converted to f16 MFMA (gfx942 has fnuz fp8 only): one 32 KB buffer
+    # (two spilled 20 B at 64 KB), 246 VGPRs
+    "gfx942": ((None, dict(BM=128, BN=128, BK=128, GROUP_M=8, num_stages=2, num_warps=8,
+                           matrix_instr_nonkdim=16)),),
+    # native e4m3 MFMA (v_mfma_f32_16x16x128_f8f6f4): two 32 KB buffers, 149 VGPRs
+    "gfx950": ((None, dict(BM=128, BN=128, BK=128, GROUP_M=8, num_stages=3, num_warps=8,
+                           matrix_instr_nonkdim=16)),),
+}
+_arch: dict[torch.device, str | None] = {}
+
+
+def cdna_arch(device: torch.device) -> str | None:
+    """The CDNA arch with tables above ("gfx942", "gfx950"), or None (NVIDIA, CPU, others)."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return None
+    if device not in _arch:
+        from ...platform import platform_of
+        arch = platform_of(device).arch
+        _arch[device] = arch if arch in CDNA_MM_CONFIGS else None
+    return _arch[device]
+
+
+def tables(fp8: bool, arch: str | None = None):
+    """The config table of the bf16 / fp8 kernel on `arch` (None: the NVIDIA one)."""
+    if arch is not None:
+        return (CDNA_FP8_CONFIGS if fp8 else CDNA_MM_CONFIGS)[arch]
+    return FP8_CONFIGS if fp8 else MM_CONFIGS
 
 _sms: dict[torch.device, int] = {}
 _allocator_set = False
@@ -152,7 +207,9 @@ def persistent_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
     if use_tma and a.device.type == "cuda":
         _ensure_allocator()
     tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
-    sms = _num_sms(a.device)
+    # programs resident per SM (2: two one-warpgroup CTAs whose MMA and fp8 scale promotion
+    # interleave on the SM, where one CTA would wait for each K step's product)
+    sms = _num_sms(a.device) * cfg.get("CTAS_PER_SM", 1)
     dummy = out
     a_s = a_scale if fp8 else dummy
     b_s = b_scale if fp8 else dummy
@@ -160,12 +217,13 @@ def persistent_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
         a, b, out, a_s, b_s, m, n, k, a.stride(0), b.stride(0), out.stride(0),
         a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, sms,
         BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], TMA=use_tma,
-        FP8=fp8, BLOCK=block, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"])
+        FP8=fp8, BLOCK=block, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
+        **backend_options(cfg))
     return out
 
 
 _TMA_TARGETS = ("sm_90", "sm_100")
-_PTR_TARGETS = ("sm_120", "gfx942", "gfx950")
+_PTR_TARGETS = ("sm_120",)
 
 
 def compile_cases(fp8: bool) -> list[CompileCase]:
@@ -181,11 +239,21 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
     for tma, targets in ((True, _TMA_TARGETS), (False, _PTR_TARGETS)):
         const = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"],
                      TMA=tma, FP8=fp8, BLOCK=128)
-        # MFMA targets: 2 stages (LDS is 64 KiB on gfx942, 160 KiB on gfx950)
         cases.append(CompileCase(_mm_kernel, sig, const, num_warps=cfg["num_warps"],
                                  num_stages=cfg["num_stages"] if tma else 2, uses_dot=True,
                                  aligned=aligned, targets=targets,
                                  label=f"{'fp8' if fp8 else 'bf16'} {'tma' if tma else 'ptr'}"))
+    # CDNA: every row of the arch's table (pointer loads), with its AMD knobs
+    for arch in CDNA_MM_CONFIGS:
+        for max_m, cfg in tables(fp8, arch):
+            const = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"],
+                         TMA=False, FP8=fp8, BLOCK=128)
+            rows = f" M<={max_m}" if max_m else ""
+            cases.append(CompileCase(
+                _mm_kernel, sig, const, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], uses_dot=True, aligned=aligned, targets=(arch,),
+                options=tuple(backend_options(cfg).items()),
+                label=f"{'fp8' if fp8 else 'bf16'} {arch}{rows}"))
     return cases
 
 

@@ -16,6 +16,7 @@ from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
 from . import _tune
+from . import triton_direct
 from .triton_align import align
 from .triton_gemm import combine_kernel, down_kernel, gate_up_kernel
 
@@ -64,12 +65,17 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
 
 def experts(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_scale=None,
             w2_scale=None, tiles: Tiles | None = None) -> torch.Tensor:
-    """The fused-experts layer (see `tskernels.moe.fused_experts`)."""
+    """The fused-experts layer (see `tskernels.moe.fused_experts`). Up to
+    `triton_direct.MAX_TOKENS` tokens with 16-bit weights take the align-free path (unless
+    `tiles` names aligned-path tiles)."""
     tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     top_k = topk_ids.shape[1]
     fp8 = w13.dtype == torch.float8_e4m3fn
+    if not fp8 and tiles is None and 0 < tokens <= triton_direct.MAX_TOKENS:
+        return triton_direct.direct_experts(_contig(x), _contig(w13), _contig(w2),
+                                            topk_weights, topk_ids, activation=activation)
     dev = x.device
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=dev)
     if tokens == 0:
@@ -175,7 +181,7 @@ def _cases():
                                       BLOCK_K=t.down_k, GROUP_M=t.group_m),
             num_warps=t.down_warps, num_stages=t.down_stages, uses_dot=True, label=label,
             aligned=dn_al, targets=fp8_targets, narrow_dot=narrow))
-    return cases
+    return cases + triton_direct.compile_cases()
 
 
 def _combine_cases():
@@ -194,7 +200,8 @@ def _combine_cases():
 def fused_experts(x, w13, w2, topk_weights, topk_ids, *, activation, w13_scale=None,
                   w2_scale=None):
     """Triton fused experts: align + gate-up/SiLU-mul + down/weight + combine (bf16, fp16, or
-    block-fp8 weights)."""
+    block-fp8 weights); decode-sized T with 16-bit weights: per-slot gate-up and a per-token
+    down that sums the slots (no align, no combine launch)."""
     return experts(x, w13, w2, topk_weights, topk_ids, activation=activation,
                    w13_scale=w13_scale, w2_scale=w2_scale)
 

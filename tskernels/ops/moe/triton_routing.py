@@ -17,6 +17,7 @@ from ...registry import register
 from .._common import TRITON
 
 MAX_EXPERTS = 1024
+DECODE_TOKENS = 16  # up to this many tokens: one token per one-warp program
 _FORMATS = ("fp32", "fp16", "bf16")
 
 
@@ -109,12 +110,17 @@ def _launch(logits, bias, top_k, *, n_group, topk_group, scale, renormalize, sig
     per = e // n_group
     g_p, p_p = triton.next_power_of_2(n_group), triton.next_power_of_2(per)
     block_t = max(1, min(16, 2048 // (g_p * p_p)))
+    warps = 4
+    if t <= DECODE_TOKENS and g_p * p_p <= 512:
+        # decode: one token per one-warp program, so each top-k round's reductions stay
+        # inside the warp (shuffles) instead of crossing warps through shared memory
+        block_t, warps = 1, 1
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     _routing_kernel[(triton.cdiv(t, block_t),)](
         x, bias if bias is not None else x, weights, ids, t, x.stride(0), float(scale),
         E=e, G=n_group, P=per, G_P=g_p, P_P=p_p, K=top_k, K_P=triton.next_power_of_2(top_k),
         TOPK_GROUP=topk_group, SIGMOID=sigmoid, RENORM=renormalize, BLOCK_T=block_t,
-        num_warps=4)
+        num_warps=warps)
     return weights, ids
 
 
@@ -126,16 +132,22 @@ def _cases():
     ds = dict(E=256, G=8, P=32, G_P=8, P_P=32, K=8, K_P=8, TOPK_GROUP=4, SIGMOID=True,
               RENORM=True, BLOCK_T=8)
     return {"softmax": [CompileCase(_routing_kernel, sig, soft, label="softmax_e128_k8",
-                                    aligned=("stride_t",))],
+                                    aligned=("stride_t",)),
+                        CompileCase(_routing_kernel, sig, dict(soft, BLOCK_T=1), num_warps=1,
+                                    label="softmax_e128_k8_decode", aligned=("stride_t",))],
             "sigmoid": [CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"}, ds,
-                                    label="sigmoid_e256_g8_k8", aligned=("stride_t",))]}
+                                    label="sigmoid_e256_g8_k8", aligned=("stride_t",)),
+                        CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"},
+                                    dict(ds, BLOCK_T=1), num_warps=1,
+                                    label="sigmoid_e256_g8_k8_decode", aligned=("stride_t",))]}
 
 
 @register("moe", "topk_softmax", **TRITON, formats={"router_logits": _FORMATS},
           traits={"num_experts": lambda e: e <= MAX_EXPERTS}, tags=("deterministic",),
           compile_cases=lambda: _cases()["softmax"])
 def topk_softmax(router_logits, top_k, *, renormalize):
-    """Triton softmax top-k routing (one program per 1-16 tokens)."""
+    """Triton softmax top-k routing (one program per 1-16 tokens; one warp per token at
+    decode sizes)."""
     return _launch(router_logits, None, top_k, n_group=1, topk_group=1, scale=1.0,
                    renormalize=renormalize, sigmoid=False)
 
