@@ -133,12 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads of the engine's torch / C++ kernels (default: half the "
                         "CPUs this process may use, at least 1: %(default)s here)")
     e.add_argument("--seed", type=int, help="seed for weights of dummy models and unseeded sampling")
+    e.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
+                   help="prepare step N+1 on the host while the device runs step N (default: on "
+                        "a GPU)")
     return p
 
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
                 "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
-                "quantization", "device", "seed", "threads")
+                "quantization", "device", "seed", "threads", "overlap_schedule")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -40,6 +40,9 @@ class EngineArgs:
     device: str = "auto"
     num_kv_pages: int | None = None  # explicit pool size (pages, excluding the null page 0)
     cuda_graphs: bool = True
+    # the host prepares step N+1 while the device runs step N (Engine.step); None: on a GPU
+    # (on the CPU a step computes while it is launched: nothing to overlap)
+    overlap_schedule: bool | None = None
     cpu_kv_cache_gb: float = 1.0  # default pool size on CPU when num_kv_pages is not given
     threads: int | None = None  # torch.set_num_threads for the engine; None: torch's default
 

@@ -3,13 +3,17 @@ buffers (token ids, positions, slots, page table, sequence lengths) whose decode
 once on those same buffers, so a replay only needs the buffers refreshed in place.
 
 A graph runs the whole decode step up to the token choice: the forward, the logits of every row
-and their greedy argmax (used when every row is greedy without logprobs; otherwise the runner
-samples from the graph's logits). The static inputs are views of one device buffer mirrored by
-one pinned host buffer: a step fills the host buffer with numpy and uploads it with a single
-asynchronous copy, and the greedy tokens come back through a pinned buffer.
+and their greedy argmax (used when every row is greedy without logprobs). Per size, a second,
+small graph samples from those logits (`tskernels.sampling.sample`: temperature / top-k / top-p /
+min-p, Philox-seeded per request and step) over static per-row parameter buffers; it is
+replayed after the first when a row samples. Logprobs and logits processing (penalties,
+grammars) take the graph's logits to the eager sampler. The static inputs are views of one
+device buffer mirrored by one pinned host buffer (the sampling parameters: a second pair): a
+step fills the host buffer with numpy and uploads it with a single asynchronous copy.
 
-Padding rows get slot -1 (store skipped) and sequence length 0 (attention returns zeros).
-Capture fails loudly if any op synchronises with the host; the runner then decodes eagerly.
+Padding rows get slot -1 (store skipped) and sequence length 0 (attention returns zeros), and
+temperature 0 in the sampler. Capture fails loudly if any op synchronises with the host; the
+runner then decodes eagerly.
 """
 from __future__ import annotations
 
@@ -59,6 +63,19 @@ def _inputs(buf: torch.Tensor, max_bs: int, width: int):
     return slot, ids, pos, lens, i32[3 * max_bs:].view(max_bs, width)
 
 
+_PARAM_BYTES = 2 * 8 + 4 * 4  # per row: int64 seed / step, fp32 temperature / top_p / min_p, int32 top_k
+
+
+def _params(buf: torch.Tensor, max_bs: int):
+    """(seeds int64, steps int64, temperature f32, top_p f32, min_p f32, top_k int32) views of
+    the packed sampling-parameter buffer (the int64 fields first)."""
+    i64 = buf[:16 * max_bs].view(torch.int64)
+    rest = buf[16 * max_bs:]
+    f32, i32 = rest.view(torch.float32), rest.view(torch.int32)
+    return (i64[:max_bs], i64[max_bs:], f32[:max_bs], f32[max_bs:2 * max_bs],
+            f32[2 * max_bs:3 * max_bs], i32[3 * max_bs:])
+
+
 class CudaGraphs:
     def __init__(self, runner, max_num_seqs: int, max_bs: int = 256):
         self.runner = runner
@@ -77,9 +94,15 @@ class CudaGraphs:
         self._h[0][:] = -1  # padding rows: no K/V store
         self._dev.copy_(self._host)
         self._uploaded = torch.cuda.Event() if pinned else None
-        self._ids_host = torch.zeros(max_bs, dtype=torch.int32, pin_memory=pinned)
-        self._ids_ready = torch.cuda.Event() if pinned else None
         self.qo_indptr = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
+        self._phost = torch.zeros(_PARAM_BYTES * max_bs, dtype=torch.uint8, pin_memory=pinned)
+        self._pdev = torch.zeros(_PARAM_BYTES * max_bs, dtype=torch.uint8, device=dev)
+        self.params = _params(self._pdev, max_bs)
+        self._ph = [t.numpy() for t in _params(self._phost, max_bs)]
+        self._ph[3][:] = 1.0  # top_p off
+        self._pdev.copy_(self._phost)
+        self._params_uploaded = torch.cuda.Event() if pinned else None
+        self.timeline = getattr(runner, "timeline", None)
         # per size: the graph, its outputs (logits, greedy ids), and the attention state whose
         # plans (and their split-KV workspaces) the captured kernels read: it must live as long
         # as the graph
@@ -97,6 +120,15 @@ class CudaGraphs:
                 _sync(dev)
                 graph, out = _capture(step, pool)
                 self.graphs[bs] = (graph, out, batch)
+            # the samplers after every forward graph: their scratch may reuse the forwards'
+            # freed activations (replays are sequential on one stream)
+            self.samplers: dict[int, tuple[object, torch.Tensor]] = {}
+            for bs in reversed(self.sizes):
+                logits = self.graphs[bs][1][0]
+                step = functools.partial(_sample_step, logits, [t[:bs] for t in self.params])
+                step()
+                _sync(dev)
+                self.samplers[bs] = _capture(step, pool)
         _sync(dev)
 
     def run(self, plan) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -123,17 +155,38 @@ class CudaGraphs:
         if self._uploaded is not None:
             self._uploaded.record()
         graph, (logits, greedy), _ = self.graphs[bs]
+        if self.timeline is not None:
+            self.timeline.begin(bs)
         graph.replay()
         return logits[:rows], greedy[:rows]
 
-    def fetch_ids(self, ids: torch.Tensor) -> np.ndarray:
-        """Copy the graph's greedy ids to the host through a pinned buffer (waits for them)."""
-        out = self._ids_host[:len(ids)]
-        out.copy_(ids, non_blocking=True)
-        if self._ids_ready is not None:
-            self._ids_ready.record()
-            self._ids_ready.synchronize()
-        return out.numpy().copy()
+    def sample(self, rows: int, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+               min_p: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> torch.Tensor:
+        """Token ids (int32 [rows], on the device) drawn from the logits of the graph `run` just
+        replayed for `rows` rows; per-row parameters as numpy [rows] arrays (sampling.sample's
+        conventions: temperature < 1e-5 is greedy, top_k <= 0 / top_p 1 / min_p 0 are off)."""
+        bs = next(s for s in self.sizes if s >= rows)
+        if self._params_uploaded is not None:
+            self._params_uploaded.synchronize()
+        h_seed, h_step, h_t, h_p, h_minp, h_k = self._ph
+        h_seed[:rows], h_step[:rows] = seeds, steps
+        h_t[:rows], h_p[:rows], h_minp[:rows], h_k[:rows] = temperature, top_p, min_p, top_k
+        h_t[rows:bs], h_k[rows:bs], h_p[rows:bs], h_minp[rows:bs] = 0.0, 0, 1.0, 0.0
+        # the whole buffer (32 bytes a row) in one copy: cheaper than six partial ones
+        self._pdev.copy_(self._phost, non_blocking=True)
+        if self._params_uploaded is not None:
+            self._params_uploaded.record()
+        graph, (ids,) = self.samplers[bs]
+        graph.replay()
+        return ids[:rows]
+
+
+def _sample_step(logits, params):
+    """What a sampler graph records: one draw per row of the forward graph's logits."""
+    seeds, steps, temperature, top_p, min_p, top_k = params
+    out = tskernels.sampling.sample(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    min_p=min_p, seeds=seeds, steps=steps)
+    return (out.token_ids.to(torch.int32),)
 
 
 def _decode_step(model, input_ids, batch):

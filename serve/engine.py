@@ -22,7 +22,7 @@ import torch
 import scheduler
 
 from .config import DTYPES, EngineArgs, default_page_size, eos_token_ids, load_model_config
-from .model_runner import ModelRunner, SampleRequest
+from .model_runner import SAMPLING_EPS, ModelRunner, SampleRequest
 from .logits_processing import LogitsProcessing, LogitsState
 from .models import model_class, quant
 from .sampling_params import GenerateOutput, RequestOutput, SamplingParams
@@ -45,6 +45,7 @@ class _Request:
     done: bool = False
     aborted: bool = False
     logits: LogitsState | None = None     # penalties / logit_bias / grammar, when asked for
+    special: bool = False                 # samples, wants logprobs or has a logits state
     cached_tokens: int | None = None      # prefix-cache hit when first scheduled
     error: str | None = None              # why the engine aborted it itself
     outputs: list = field(default_factory=list)
@@ -109,6 +110,12 @@ class Engine:
             max_context=self.max_model_len, enable_prefix_cache=args.enable_prefix_caching,
             eos_token_ids=self.eos_token_ids))
         self._rng = random.Random(args.seed)
+        # overlap scheduling (see step()); a plain attribute, so a benchmark can switch it
+        self.overlap_schedule = (self.device.type == "cuda" if args.overlap_schedule is None
+                                 else bool(args.overlap_schedule))
+        self._inflight = None          # (plan, PendingStep) launched and not yet collected
+        self._num_special = 0          # live requests that are not plain greedy
+        self._gap_at, self._gap = -1.0, {}
         self._ids = itertools.count(1)
         self._requests: dict[str, _Request] = {}
         self._by_sid: dict[int, _Request] = {}
@@ -205,7 +212,11 @@ class Engine:
         sid = next(self._ids)
         self.scheduler.submit(sid, ids, params.max_tokens, list(params.stop_token_ids),
                               params.ignore_eos, 0)
+        special = (logits_state is not None or params.logprobs is not None
+                   or params.temperature >= SAMPLING_EPS)
+        self._num_special += special
         req = _Request(request_id, sid, len(ids), params, seed & _SEED_MASK, logits=logits_state,
+                       special=special,
                        arrival=time.monotonic())
         self._requests[request_id] = req
         self._by_sid[sid] = req
@@ -235,39 +246,90 @@ class Engine:
             self.scheduler.abort(req.sid)
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests) or self.scheduler.has_work()
+        return (bool(self._requests) or self.scheduler.has_work()
+                or self._inflight is not None)
 
     def step(self) -> list[RequestOutput]:
-        if not self.scheduler.has_work():
-            return []
+        """One scheduler step; a RequestOutput for every request that got a token or finished.
+
+        With overlap scheduling (`overlap_schedule`, the default on a GPU) a call collects the step in
+        flight (waits for its sampled ids only, advances the scheduler), launches the next
+        step, and builds the collected step's outputs while the device runs the new one (so
+        does the caller, e.g. the server sending them): outputs arrive one call later, with the
+        same tokens in the same order as without it."""
+        done = []
+        if self._inflight is not None:
+            done.append(self._collect(self._inflight))
+            self._inflight = None
+        if self.scheduler.has_work():
+            self._inflight = self._launch()
+            if not self.overlap_schedule:
+                done.append(self._collect(self._inflight))
+                self._inflight = None
+        outputs = []
+        for d in done:
+            outputs += self._outputs(*d)
+        return outputs
+
+    def _launch(self):
+        """The next plan, enqueued on the device: (plan, PendingStep or None)."""
         plan = self.scheduler.next_plan()
-        sids = np.asarray(plan.request_ids)
-        rows = {int(s): r for r, s in enumerate(sids)}
+        n = len(plan)
+        if not n:
+            return plan, None
+        sids = plan.request_ids
+        if plan.num_decode == n and not self._num_special:
+            # decode-only and every live request greedy without logprobs / logits processing:
+            # nothing per row to prepare (each was scheduled before: its prefill)
+            return plan, self.runner.launch(plan, None, greedy_only=True)
         sample = np.asarray(plan.sample)
         cached = np.asarray(plan.cached_lens)
+        seq_lens = np.asarray(plan.seq_lens)
         reqs, states = [], []
         planned_at = time.monotonic()
-        for r, s in enumerate(sids):
-            q = self._by_sid.get(int(s))
+        for r, s in enumerate(sids.tolist()):
+            q = self._by_sid.get(s)
             if q is not None and q.cached_tokens is None:
                 q.cached_tokens = int(cached[r])
             if q is not None and q.scheduled_at is None:
                 q.scheduled_at = planned_at
             q = q if sample[r] else None
             p = q.params if q is not None else None
+            # the Philox step is the number of tokens generated before this one, read from the
+            # plan (all tokens - prompt), so it does not wait for the previous step's outputs
             reqs.append(None if q is None else SampleRequest(
-                p.temperature, p.top_k, p.top_p, p.min_p, q.seed, q.num_generated, p.logprobs))
+                p.temperature, p.top_k, p.top_p, p.min_p, q.seed,
+                int(seq_lens[r]) - q.prompt_len, p.logprobs))
             if q is not None:
                 states.append(q.logits)
-        if len(sids):
-            result = self.runner.run(plan, reqs, process=self._logits.processor(states))
-            sampled = result.token_ids
-            lp_row = {int(r): i for i, r in enumerate(result.sample_rows)}
-        else:
-            result, sampled, lp_row = None, np.zeros(0, np.int32), {}
-        outputs = []
+        return plan, self.runner.launch(plan, reqs, process=self._logits.processor(states))
+
+    def _collect(self, launched):
+        """Wait for a launched step's ids and advance the scheduler with them; grammar states
+        see their token here, before the next step's masks are built."""
+        plan, pending = launched
+        result = pending.result() if pending is not None else None
+        sampled = result.token_ids if result is not None else np.zeros(0, np.int32)
+        events = self.scheduler.advance(plan, sampled)
         ran_at = time.monotonic()
-        for sid, token, reason in self.scheduler.advance(plan, sampled):
+        if self._num_special:
+            for sid, token, reason in events:
+                req = self._by_sid.get(sid)
+                if (req is not None and req.logits is not None and token >= 0
+                        and reason is None and not req.aborted):
+                    req.error = LogitsProcessing.on_token(req.logits, token)
+                    if req.error is not None:   # cannot happen with a sound mask; never hang
+                        log.error("request %s: %s; aborting it", req.request_id, req.error)
+                        self.abort(req.request_id)
+        return plan, result, events, ran_at
+
+    def _outputs(self, plan, result, events, ran_at) -> list[RequestOutput]:
+        rows = lp_row = None
+        if result is not None and result.logprobs is not None:
+            rows = {int(s): r for r, s in enumerate(np.asarray(plan.request_ids))}
+            lp_row = {int(r): i for i, r in enumerate(result.sample_rows)}
+        outputs = []
+        for sid, token, reason in events:
             req = self._by_sid.get(sid)
             if req is None:
                 continue
@@ -278,12 +340,8 @@ class Engine:
                 self.num_generated_tokens += 1
                 if req.first_token_at is None:
                     req.first_token_at = ran_at
-                lps, tops = self._logprobs(req, result, lp_row.get(rows.get(sid, -1)), token)
-                if req.logits is not None and reason is None and not req.aborted:
-                    req.error = LogitsProcessing.on_token(req.logits, token)
-                    if req.error is not None:   # cannot happen with a sound mask; never hang
-                        log.error("request %s: %s; aborting it", req.request_id, req.error)
-                        self.abort(req.request_id)
+                if lp_row is not None:
+                    lps, tops = self._logprobs(req, result, lp_row.get(rows.get(sid, -1)), token)
             if reason is not None:
                 self._finish(req)
             outputs.append(RequestOutput(req.request_id, new, lps, tops, reason is not None,
@@ -317,6 +375,7 @@ class Engine:
         return [float(result.logprobs[i])], [tops]
 
     def _finish(self, req: _Request) -> None:
+        self._num_special -= req.special
         req.done = True
         self._requests.pop(req.request_id, None)
         self._by_sid.pop(req.sid, None)
@@ -332,7 +391,23 @@ class Engine:
                     prefix_hit_rate=s["prefix_hit_tokens"] / q if q else 0.0,
                     prefix_hit_tokens=s["prefix_hit_tokens"], prefix_query_tokens=q,
                     retractions=s["retractions"],
-                    num_generated_tokens=self.num_generated_tokens)
+                    num_generated_tokens=self.num_generated_tokens, **self._gap_stats())
+
+    def _gap_stats(self) -> dict:
+        """Host gap between decode-graph replays (serve.step_timeline), p50 / p99 over the
+        last replays; recomputed at most once a second (stats() goes out with every step)."""
+        now = time.monotonic()
+        if now - self._gap_at >= 1.0:
+            self._gap_at = now
+            g = self.runner.timeline.summary()["gpu_gap_us"]
+            self._gap = ({} if not g["n"] else
+                         {"decode_host_gap_us_p50": g["p50"], "decode_host_gap_us_p99": g["p99"]})
+        return self._gap
+
+    def step_timeline(self) -> dict:
+        """The step timeline's summary (serve.step_timeline.StepTimeline.summary): GPU gap and
+        host preparation time between decode-graph replays, overall and per graph size."""
+        return self.runner.timeline.summary()
 
     # ---- convenience: sync generate and streaming --------------------------------------------
     def _encode(self, prompt) -> list[int]:

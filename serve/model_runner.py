@@ -4,6 +4,11 @@ logits of the sampling rows -> per-request sampling.
 The KV pool is sized from `gpu_memory_utilization` on a GPU (what is left after the weights,
 minus an activation reserve) and from `num_kv_pages` / `cpu_kv_cache_gb` on the CPU.
 Decode-only steps replay CUDA graphs on a GPU (see serve.cuda_graph); the CPU runs eagerly.
+
+`launch()` enqueues a step and returns a `PendingStep` whose sampled ids come back through a
+pinned host buffer and a CUDA event (no device-wide sync); `PendingStep.result()` waits for
+that event only. The engine's overlap scheduling does its host work for the previous step while
+the device runs this one. Logprobs still copy synchronously (they are rare and larger).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 import tskernels
 
 from .forward_batch import AttentionState, ForwardBatch, KVPool, StepMeta
+from .step_timeline import StepTimeline
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,26 @@ class StepResult:
     sample_rows: np.ndarray                    # int64 [S] plan rows that sampled
 
 
+class PendingStep:
+    """A launched step. `result()` waits for its sampled ids (their copy's event, not the
+    device) and returns the StepResult; it may be called once or more."""
+
+    def __init__(self, runner, num_rows: int, sample_rows: np.ndarray, host_ids=None,
+                 event=None, done: StepResult | None = None):
+        self._runner, self._rows, self._sample_rows = runner, num_rows, sample_rows
+        self._host, self._event, self._done = host_ids, event, done
+
+    def result(self) -> StepResult:
+        if self._done is None:
+            if self._event is not None:
+                self._event.synchronize()
+            token_ids = np.zeros(self._rows, dtype=np.int32)
+            token_ids[self._sample_rows] = self._host.numpy()
+            self._done = StepResult(token_ids, None, None, self._sample_rows)
+            self._runner.timeline.ids_ready()
+        return self._done
+
+
 class ModelRunner:
     def __init__(self, model, cfg, args, *, device: torch.device, dtype: torch.dtype,
                  max_model_len: int):
@@ -86,6 +112,13 @@ class ModelRunner:
             self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
         self.num_q_heads = cfg.num_attention_heads
         self.policy = SERVE_POLICY
+        self.timeline = StepTimeline(device.type == "cuda")
+        pinned = device.type == "cuda"
+        # two pinned id buffers, alternating: a step's ids never land where the previous
+        # step's may still be read
+        self._ids_host = [torch.zeros(max(args.max_num_seqs, 1), dtype=torch.int32,
+                                      pin_memory=pinned) for _ in range(2)]
+        self._ids_flip = 0
         self.graphs = None
         if device.type == "cuda" and args.cuda_graphs:
             from .cuda_graph import CudaGraphs
@@ -143,36 +176,82 @@ class ModelRunner:
         batch = ForwardBatch(positions=meta.positions, attention=self.attention_state(meta))
         return self.model(input_ids, batch)
 
+    def run(self, plan, requests: list[SampleRequest | None], process=None) -> StepResult:
+        """Execute `plan` and wait for its sampled ids (`launch(...).result()`)."""
+        return self.launch(plan, requests, process).result()
+
     @torch.inference_mode()
     @_under_policy
-    def run(self, plan, requests: list[SampleRequest | None], process=None) -> StepResult:
-        """Execute `plan`; `requests[r]` holds row r's sampling inputs (None: no sample).
+    def launch(self, plan, requests: list[SampleRequest | None] | None, process=None,
+               greedy_only: bool = False) -> PendingStep:
+        """Enqueue `plan`; `requests[r]` holds row r's sampling inputs (None: no sample).
         process: None, or logits [S, V] of the sampling rows -> processed logits (penalties,
-        grammar masks: serve.logits_processing), applied before sampling."""
+        grammar masks: serve.logits_processing), applied before sampling. Decode-only plans
+        replay a CUDA graph when one fits; their sampling too, unless a row asks for logprobs
+        or `process` is given. greedy_only: every row is greedy without logprobs (the caller
+        knows; `requests` may then be None)."""
         num_rows = len(plan.request_ids)
         sample_rows = np.flatnonzero(np.asarray(plan.sample))
-        token_ids = np.zeros(num_rows, dtype=np.int32)
         got = None
         if self.graphs is not None and plan.num_decode == num_rows:
             got = self.graphs.run(plan)
+        if got is None:
+            self.timeline.end(graph_step=False)
+        if not len(sample_rows):
+            if got is not None:
+                self.timeline.end(graph_step=True)
+            else:
+                self._eager_logits(plan, sample_rows)
+            return PendingStep(self, num_rows, sample_rows, done=StepResult(
+                np.zeros(num_rows, dtype=np.int32), None, None, sample_rows))
+        reqs = None if greedy_only else [requests[r] for r in sample_rows]
+        want_lp = not greedy_only and any(r.num_logprobs is not None for r in reqs)
+        all_greedy = greedy_only or self._all_greedy(reqs)
         if got is not None:  # the graph computed every row's logits and greedy choice
             logits, greedy = got
-            if 0 < len(sample_rows) < num_rows:
+            if len(sample_rows) < num_rows:  # (decode rows always sample; kept general)
                 sel = torch.from_numpy(sample_rows).to(self.device)
                 logits, greedy = logits[sel], greedy[sel]
+            elif process is None and not want_lp and not all_greedy:
+                greedy = self.graphs.sample(num_rows, *self._param_columns(reqs))
+                return self._pending(greedy, num_rows, sample_rows, graph_step=True)
         else:
             logits, greedy = self._eager_logits(plan, sample_rows), None
-        if not len(sample_rows):
-            return StepResult(token_ids, None, None, sample_rows)
-        reqs = [requests[r] for r in sample_rows]
         if process is not None:
             logits, greedy = process(logits), None
-        if greedy is not None and self._all_greedy(reqs):
-            token_ids[sample_rows] = self.graphs.fetch_ids(greedy)
-            return StepResult(token_ids, None, None, sample_rows)
+        if not want_lp:
+            if greedy is None or not all_greedy:
+                greedy = self._sample_ids(logits, reqs)
+            return self._pending(greedy, num_rows, sample_rows, graph_step=got is not None)
+        self.timeline.end(graph_step=False)
+        token_ids = np.zeros(num_rows, dtype=np.int32)
         ids, lp, top = self.sample(logits, reqs)
         token_ids[sample_rows] = ids
-        return StepResult(token_ids, lp, top, sample_rows)
+        return PendingStep(self, num_rows, sample_rows,
+                           done=StepResult(token_ids, lp, top, sample_rows))
+
+    def _pending(self, ids: torch.Tensor, num_rows: int, sample_rows: np.ndarray,
+                 graph_step: bool) -> PendingStep:
+        """Start the copy of `ids` (int32 [S], device) to a pinned buffer, behind an event."""
+        if self.device.type != "cuda":
+            return PendingStep(self, num_rows, sample_rows, host_ids=ids.to(torch.int32))
+        buf = self._ids_host[self._ids_flip][:len(ids)]
+        self._ids_flip ^= 1
+        buf.copy_(ids, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.timeline.end(graph_step=graph_step)
+        return PendingStep(self, num_rows, sample_rows, host_ids=buf, event=event)
+
+    @staticmethod
+    def _param_columns(reqs: list[SampleRequest]):
+        """(temperature, top_k, top_p, min_p, seeds, steps) numpy columns of the rows."""
+        return (np.array([r.temperature for r in reqs], np.float32),
+                np.array([r.top_k for r in reqs], np.int32),
+                np.array([r.top_p for r in reqs], np.float32),
+                np.array([r.min_p for r in reqs], np.float32),
+                np.array([r.seed for r in reqs], np.int64),
+                np.array([r.step for r in reqs], np.int64))
 
     def _eager_logits(self, plan, sample_rows: np.ndarray) -> torch.Tensor | None:
         """Run the plan's forward; logits of the sampling rows (None when none samples)."""
@@ -191,26 +270,31 @@ class ModelRunner:
     def _all_greedy(reqs: list[SampleRequest]) -> bool:
         return all(r.num_logprobs is None and r.temperature < SAMPLING_EPS for r in reqs)
 
-    def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]):
-        want = [r.num_logprobs for r in reqs if r.num_logprobs is not None]
-        if self._all_greedy(reqs):
-            ids = tskernels.sampling.greedy(logits)
-            return ids.to(torch.int32).cpu().numpy(), None, None
+    def _sample_ids(self, logits: torch.Tensor, reqs: list[SampleRequest] | None) -> torch.Tensor:
+        """Token ids (int32 [S], on logits' device) of the rows, without logprobs (reqs None:
+        all greedy)."""
+        if reqs is None or self._all_greedy(reqs):
+            return tskernels.sampling.greedy(logits).to(torch.int32)
         dev = logits.device
+        cols = [torch.from_numpy(c).to(dev, non_blocking=True)
+                for c in self._param_columns(reqs)]
+        t, k, p, m, seeds, steps = cols
+        out = tskernels.sampling.sample(logits, temperature=t, top_k=k, top_p=p, min_p=m,
+                                        seeds=seeds, steps=steps)
+        return out.token_ids.to(torch.int32)
 
-        def col(vals, dtype):
-            return torch.tensor(vals, dtype=dtype).to(dev, non_blocking=True)
-
-        out = tskernels.sampling.sample(
-            logits, temperature=col([r.temperature for r in reqs], torch.float32),
-            top_k=col([r.top_k for r in reqs], torch.int32),
-            top_p=col([r.top_p for r in reqs], torch.float32),
-            min_p=col([r.min_p for r in reqs], torch.float32),
-            seeds=col([r.seed for r in reqs], torch.int64),
-            steps=col([r.step for r in reqs], torch.int64),
-            num_logprobs=max(want, default=0))
+    def sample(self, logits: torch.Tensor, reqs: list[SampleRequest]):
+        """(ids int32 [S], logprobs [S] | None, top logprobs | None) on the host (synchronous)."""
+        want = [r.num_logprobs for r in reqs if r.num_logprobs is not None]
+        if not want:
+            return self._sample_ids(logits, reqs).cpu().numpy(), None, None
+        dev = logits.device
+        t, k, p, m, seeds, steps = (torch.from_numpy(c).to(dev, non_blocking=True)
+                                    for c in self._param_columns(reqs))
+        out = tskernels.sampling.sample(logits, temperature=t, top_k=k, top_p=p, min_p=m,
+                                        seeds=seeds, steps=steps, num_logprobs=max(want))
         ids = out.token_ids.to(torch.int32).cpu().numpy()
-        lp = out.logprobs.float().cpu().numpy() if want else None
+        lp = out.logprobs.float().cpu().numpy()
         top = None
         if out.top_logprobs is not None:
             vals, tids = out.top_logprobs

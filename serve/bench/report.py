@@ -61,7 +61,12 @@ def summarize(records: list[RequestRecord], wall_s: float, *, num_gpus: int = 1,
         hit = delta("prefix_cache_hit_tokens_total", "prefix_cache_hit_tokens")
         query = delta("prefix_cache_query_tokens_total", "prefix_cache_query_tokens")
         server = {"prefix_hit_tokens": hit, "prefix_query_tokens": query,
-                  "prefix_hit_rate": (hit / query) if hit is not None and query else None}
+                  "prefix_hit_rate": (hit / query) if hit is not None and query else None,
+                  # the engine's step timeline (recent decode-graph replays; GPU servers)
+                  "decode_host_gap_us_p50": counter(server_after,
+                                                    "decode_host_gap_microseconds_p50"),
+                  "decode_host_gap_us_p99": counter(server_after,
+                                                    "decode_host_gap_microseconds_p99")}
     return {
         "requests": len(records), "ok": len(ok), "errors": errors,
         "sessions": len({r.session for r in records}), "wall_s": round(wall_s, 3),

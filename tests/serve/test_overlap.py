@@ -1,0 +1,196 @@
+"""Overlap scheduling, sampling inside the decode graphs, and chunked prefill next to decodes.
+
+CPU tier: the engine's overlap loop (collect step N, launch N+1, then build N's outputs) gives
+the same token streams, logprobs and finish reasons as the plain loop, for greedy and seeded
+sampling, staggered arrivals and an abort while a step is in flight; the decode graphs' sampler
+(a stand-in graph that re-runs the captured step, as in test_cuda_graph_logic) draws the tokens
+the eager sampler draws; a later turn's prefill (cached prefix + new tokens) is chunked next to
+running decodes: every step keeps every decode and stays within the token budget.
+GPU tier: the same equalities with real CUDA graphs, and the step timeline records gaps.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import serve.cuda_graph as cg
+from serve.engine import Engine, SamplingParams
+
+KW = dict(device="cpu", dtype="float32", max_num_seqs=8, max_model_len=512, num_kv_pages=256,
+          page_size=8)
+
+
+def _prompts(seed: int, n: int, lo: int = 1, hi: int = 60) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 400, (int(k),), generator=g).tolist()
+            for k in torch.randint(lo, hi, (n,), generator=g)]
+
+
+def _drive(engine: Engine, prompts, params_list, add_at=None, abort=None):
+    """Run requests to completion through engine.step(); request i is added before step
+    add_at[i]; abort: (request index, step) aborts it before that step. Returns per request
+    (token ids, logprobs, finish reason)."""
+    add_at = add_at or [0] * len(prompts)
+    got = {i: ([], [], None) for i in range(len(prompts))}
+    step = 0
+    while step <= max(add_at) or engine.has_unfinished():
+        for i, at in enumerate(add_at):
+            if at == step:
+                engine.add_request(f"r{i}", prompts[i], params_list[i])
+        if abort is not None and abort[1] == step:
+            engine.abort(f"r{abort[0]}")
+        for out in engine.step():
+            ids, lps, _ = got[int(out.request_id[1:])]
+            ids += out.new_token_ids
+            lps += out.logprobs or []
+            if out.finished:
+                got[int(out.request_id[1:])] = (ids, lps, out.finish_reason)
+        step += 1
+        assert step < 2000, "engine did not drain"
+    return [got[i] for i in range(len(prompts))]
+
+
+def _same(a, b):
+    assert [(t, r) for t, _, r in a] == [(t, r) for t, _, r in b]
+    for (_, la, _), (_, lb, _) in zip(a, b):
+        torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return Engine("dummy:tiny-llama", **KW, overlap_schedule=False), \
+        Engine("dummy:tiny-llama", **KW, overlap_schedule=True)
+
+
+def test_overlap_greedy_streams_equal(engines):
+    plain, overlap = engines
+    prompts = _prompts(0, 6)
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=e)
+              for m, e in zip((12, 3, 20, 1, 7, 15), (True, False, True, True, False, True))]
+    add_at = [0, 0, 2, 3, 3, 9]
+    a = _drive(plain, prompts, params, add_at)
+    b = _drive(overlap, prompts, params, add_at)
+    _same(a, b)
+    assert [len(t) for t, _, _ in a] == [12, 3, 20, 1, 7, 15] or any(r == "stop" for *_, r in a)
+    assert not overlap.has_unfinished() and overlap.stats()["kv_pages_used"] == 0
+
+
+def test_overlap_sampled_logprobs_and_abort_equal(engines):
+    plain, overlap = engines
+    prompts = _prompts(1, 5)
+    params = [SamplingParams(max_tokens=14, temperature=0.9, top_k=40, top_p=0.9, min_p=0.02,
+                             seed=3 + i, ignore_eos=True, logprobs=1 if i == 2 else None)
+              for i in range(4)] + [SamplingParams(max_tokens=30, temperature=0.0,
+                                                   ignore_eos=True)]
+    add_at = [0, 1, 1, 4, 0]
+    a = _drive(plain, prompts, params, add_at, abort=(4, 6))
+    b = _drive(overlap, prompts, params, add_at, abort=(4, 6))
+    # the abort lands one step later in the overlap loop (a step was in flight): same tokens
+    # up to where each stream stopped, and the aborted request is reported as aborted
+    assert a[4][2] == b[4][2] == "abort"
+    n = min(len(a[4][0]), len(b[4][0]))
+    assert a[4][0][:n] == b[4][0][:n]
+    _same(a[:4], b[:4])
+    assert overlap.stats()["kv_pages_used"] == 0
+
+
+def _fake_graphs(monkeypatch, engine):
+    class Rerun:
+        def __init__(self, step, out):
+            self.step, self.out, self.replays = step, out, 0
+
+        def replay(self):
+            for dst, src in zip(self.out, self.step()):
+                dst.copy_(src)
+            self.replays += 1
+
+    def capture(step, pool):
+        out = step()
+        return Rerun(step, out), out
+
+    monkeypatch.setattr(cg, "_capture", capture)
+    monkeypatch.setattr(cg, "_pool", lambda: None)
+    monkeypatch.setattr(cg, "_sync", lambda dev: None)
+    engine.runner.graphs = cg.CudaGraphs(engine.runner, KW["max_num_seqs"])
+    return engine.runner.graphs
+
+
+def test_graph_sampler_matches_eager_sampler(monkeypatch, engines):
+    plain, _ = engines
+    graphed = Engine("dummy:tiny-llama", **KW, overlap_schedule=True)
+    graphs = _fake_graphs(monkeypatch, graphed)
+    prompts = _prompts(2, 5)
+    params = [SamplingParams(max_tokens=10, temperature=t, top_k=k, top_p=p, min_p=m, seed=11 + i,
+                             ignore_eos=True)
+              for i, (t, k, p, m) in enumerate([(0.7, 0, 1.0, 0.0), (1.2, 20, 1.0, 0.0),
+                                                (0.8, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.1),
+                                                (0.0, 0, 1.0, 0.0)])]
+    _same(_drive(plain, prompts, params), _drive(graphed, prompts, params))
+    used = {bs: g.replays for bs, (g, _) in graphs.samplers.items()}
+    assert sum(used.values()) > 0, used   # the decode steps sampled inside the "graph"
+
+
+def test_later_turn_prefill_interleaves_with_decodes():
+    """A later turn (its first turn's prompt + output cached, then new tool tokens) prefills in
+    chunks of the token budget while two requests decode: each of its steps carries both
+    decodes, never more tokens than the budget, and the decodes get a token every step."""
+    budget = 48
+    eng = Engine("dummy:tiny-llama", **KW, chunked_prefill_size=budget)
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    turn1 = _prompts(3, 1, 200, 201)[0]
+    first = eng.generate([turn1], SamplingParams(max_tokens=8, **greedy))[0]
+    later = turn1 + first.token_ids + _prompts(4, 1, 160, 161)[0]   # ~160 new tokens
+    plans = []
+    launch = eng.runner.launch
+
+    def spy(plan, *a, **k):
+        plans.append((int(plan.num_decode), len(plan.input_ids), len(plan.request_ids)))
+        return launch(plan, *a, **k)
+
+    eng.runner.launch = spy
+    for i, p in enumerate(_prompts(5, 2, 5, 10)):
+        eng.add_request(f"d{i}", p, SamplingParams(max_tokens=60, **greedy))
+    while len(plans) < 3:   # both decoding
+        eng.step()
+    start = len(plans)
+    eng.add_request("later", later, SamplingParams(max_tokens=4, **greedy))
+    outs, steps = {}, 0
+    while eng.has_unfinished():
+        for o in eng.step():
+            outs.setdefault(o.request_id, []).append(steps)
+        steps += 1
+    mixed = [p for p in plans[start:] if p[2] > p[0]]   # steps with a prefill chunk
+    assert len(mixed) >= 3, plans[start:]               # the new tokens took several chunks
+    for num_decode, tokens, _ in mixed:
+        assert num_decode == 2 and tokens <= budget, (num_decode, tokens)
+    assert sum(t - d for d, t, _ in mixed) < len(later) - 100   # the cached prefix was reused
+    # the decodes advanced on every step while "later" was prefilling
+    first_later = outs["later"][0]
+    for rid in ("d0", "d1"):
+        got = [s for s in outs[rid] if s <= first_later]
+        assert got == list(range(got[0], first_later + 1))[-len(got):], (rid, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_overlap_and_graph_sampling_equal():
+    kw = dict(device="cuda", dtype="bfloat16", max_num_seqs=16, max_model_len=512,
+              num_kv_pages=512, page_size=16)
+    plain = Engine("dummy:tiny-llama", **kw, overlap_schedule=False)
+    overlap = Engine("dummy:tiny-llama", **kw, overlap_schedule=True)
+    eager = Engine("dummy:tiny-llama", **kw, cuda_graphs=False, overlap_schedule=False)
+    assert overlap.runner.graphs is not None, "CUDA graph capture failed (see the log)"
+    prompts = _prompts(6, 12)
+    greedy = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 12
+    add_at = [0] * 6 + [3] * 6
+    a = _drive(plain, prompts, greedy, add_at)
+    b = _drive(overlap, prompts, greedy, add_at)
+    _same(a, b)
+    tl = overlap.step_timeline()
+    assert tl["gpu_gap_us"]["n"] > 10 and tl["gpu_gap_us"]["p50"] > 0, tl
+    sampled = [SamplingParams(max_tokens=24, temperature=0.8, top_k=50, top_p=0.95,
+                              min_p=0.01, seed=100 + i, ignore_eos=True) for i in range(12)]
+    c = _drive(overlap, prompts, sampled, add_at)     # sampler inside the decode graphs
+    d = _drive(eager, prompts, sampled, add_at)       # eager sampler, same kernel
+    _same(c, d)
+    assert len({tuple(t) for t, _, _ in c}) > 1
