@@ -50,12 +50,17 @@ def _mpad(m: int) -> int:
 # ---- pruning -----------------------------------------------------------------------------
 def _tile_prune(cfg, p, target, elem: int) -> str | None:
     bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
-    # operand stages plus the 16-bit output tile of the epilogue
-    smem = cfg["num_stages"] * (bm + bn) * bk * elem + bm * bn * 2
+    # operand stages plus the 16-bit output tile of the epilogue; AMD (pointer loads, no
+    # descriptor store) keeps num_stages - 1 operand tiles in LDS and no epilogue tile there
+    # (compile matrix: 128 x 256 x 64 at 2 stages, 48 KB)
+    if target.vendor == "amd":
+        smem = max(1, cfg["num_stages"] - 1) * (bm + bn) * bk * elem
+    else:
+        smem = cfg["num_stages"] * (bm + bn) * bk * elem + bm * bn * 2
     if smem > target.smem_bytes:
         return f"{smem} B of operand stages + epilogue exceed {target.smem_bytes} B"
     regs = bm * bn // (cfg["num_warps"] * target.warp_size)
-    if regs > 128:
+    if regs > (256 if target.vendor == "amd" else 128):  # CDNA: 512 VGPRs a lane (+AGPRs)
         return f"{regs} fp32 accumulator registers per thread"
     if bm * bn < 64 * 64 * (cfg["num_warps"] // 4):
         return "more warps than the tile's MMA work"
@@ -120,6 +125,14 @@ def _fp8_runner(p, device):
 LLAMA_PROJ = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 DSV3 = ((7168, 2048), (2112, 7168), (24576, 1536), (7168, 16384))
 
+# AMD knobs of the persistent kernel, per arch. On a CDNA device the heuristic link takes the
+# arch's own table (triton_mm.CDNA_MM_CONFIGS / CDNA_FP8_CONFIGS: tiles and knobs, see
+# mm_config); these defaults are what the tables share. kpack (two K packs per LDS read)
+# exists on gfx942 only: Triton deprecates it from gfx950 on.
+_CDNA_KNOBS = {"amd": {"waves_per_eu": [0, 1, 2], "matrix_instr_nonkdim": [16, 32]},
+               "gfx942": {"kpack": [1, 2]}}
+_CDNA_DEFAULTS = {"amd": {"matrix_instr_nonkdim": 16}}
+
 MM = declare(KernelSpace(
     "gemm.mm.triton",
     Space(BM=[64, 128], BN=[64, 128, 256], BK=[32, 64, 128], GROUP_M=[8],
@@ -127,6 +140,7 @@ MM = declare(KernelSpace(
     key=lambda p: _key(p, pow2_bucket),
     heuristic=lambda p: _mm().pick(_mm().MM_CONFIGS, p["M"]),
     prune=lambda cfg, p, t: _tile_prune(cfg, p, t, 2),
+    arch_knobs=_CDNA_KNOBS, arch_defaults=_CDNA_DEFAULTS,
     source=lambda: jit_source(_mm()._mm_kernel), runner=_mm_runner, parse=tuning.parse_shape,
     example={"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"},
     shapes=tuple({"M": 4096, "N": n, "K": k, "dtype": "bf16"} for n, k in LLAMA_PROJ)
@@ -151,6 +165,7 @@ FP8_MM = declare(KernelSpace(
     key=lambda p: _key(p, pow2_bucket),
     heuristic=lambda p: _mm().pick(_mm().FP8_CONFIGS, p["M"]),
     prune=lambda cfg, p, t: _tile_prune(cfg, p, t, 1),
+    arch_knobs=_CDNA_KNOBS, arch_defaults=_CDNA_DEFAULTS,
     source=lambda: jit_source(_mm()._mm_kernel), runner=_fp8_runner, parse=tuning.parse_shape,
     example={"M": 4096, "N": 7168, "K": 2048},
     shapes=tuple({"M": 4096, "N": n, "K": k} for n, k in DSV3)))
@@ -173,8 +188,13 @@ def mm_config(m: int, n: int, k: int, fp8: bool, dtype, device) -> dict:
     if device.type != "cuda":
         return mm.pick(mm.FP8_CONFIGS if fp8 else mm.MM_CONFIGS, m)
     p = {"M": m, "N": n, "K": k}
-    return tuning.config(FP8_MM, p, device) if fp8 else \
-        tuning.config(MM, dict(p, dtype=_fmt(dtype)), device)
+    ks, p = (FP8_MM, p) if fp8 else (MM, dict(p, dtype=_fmt(dtype)))
+    arch = mm.cdna_arch(device)
+    if arch is not None:
+        # CDNA: a tuned entry where one applies, else the arch's table (tiles and knobs)
+        c = tuning.choice(ks, p, device)
+        return c.config if c.link != "heuristic" else mm.pick(mm.tables(fp8, arch), m)
+    return tuning.config(ks, p, device)
 
 
 def stream_config(m: int, n: int, k: int, fp8: bool, dtype, device) -> dict:
