@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 24's decode-path device call (~3.5 minutes, the stages in order of value): GPU tier of the changed gemm / moe kernels,
+# Issue 24's decode-path device call (~4.5 minutes): GPU tier of the changed gemm / moe kernels,
 # old vs new kernel timings (benchmarks/gemm_decode_ab.py, the moe layer with the aligned path
 # and vLLM's Triton fused-MoE beside ours), then the dummy Llama-3-8B B=1 decode step with and
 # without PDL gemvs and the Qwen3-30B-A3B-shaped one, through CUDA graphs. Runs from a clean
@@ -17,8 +17,8 @@ export PYTHONPATH=$PWD VLLM_MOE_DIR=${VLLM_MOE_DIR:-$ROOT/.whl/vllm_moe}
 BUILD=$!
 G=tests/kernels/test_gemm_triton.py; R=tests/kernels/test_moe_routing.py
 X=tests/kernels/test_moe_experts.py
-OMP_NUM_THREADS=1 timeout ${TIER_S:-65} python benchmarks/gpu_tier.py \
-  --out $OUT/gpu_tier_i24_decode.json --timeout $(( ${TIER_S:-65} - 4 )) \
+OMP_NUM_THREADS=1 timeout ${TIER_S:-60} python benchmarks/gpu_tier.py \
+  --out $OUT/gpu_tier_i24_decode.json --timeout $(( ${TIER_S:-60} - 4 )) \
   --pytest-arg=-n --pytest-arg=12 --pytest-arg=-p --pytest-arg=no:cacheprovider \
   --kernel gemm.gemv.triton=$G --kernel gemm.fp8_block_mm.triton=$G \
   --kernel gemm.mm.triton=$G --kernel moe.topk_softmax.triton=$R \
@@ -26,11 +26,11 @@ OMP_NUM_THREADS=1 timeout ${TIER_S:-65} python benchmarks/gpu_tier.py \
   --kernel moe.combine.triton=$X 2>&1 | tail -6
 wait $BUILD; tail -2 /tmp/ext.log
 S="python benchmarks/serve_ab.py"
-timeout ${SERVE_S:-28} $S -- --batch 1 --new-tokens 48 --no-hf --profile \
+timeout ${SERVE1_S:-50} $S -- --batch 1 --new-tokens 48 --no-hf --profile \
   --json $OUT/i24_serve_llama_pdl.json 2>&1 | grep -E "^engine|^switches|_kernel|ms " | head -14
-timeout ${SERVE_S:-28} $S --set tskernels.ops.gemm.triton_gemv.USE_PDL=False -- --batch 1 \
+timeout ${SERVE2_S:-30} $S --set tskernels.ops.gemm.triton_gemv.USE_PDL=False -- --batch 1 \
   --new-tokens 48 --no-hf --json $OUT/i24_serve_llama_nopdl.json 2>&1 | grep -E "^engine|^sw"
-timeout ${QWEN_S:-33} $S -- --model dummy:benchmarks/configs/qwen3-30b-a3b.json --no-hf \
+timeout ${QWEN_S:-45} $S -- --model dummy:benchmarks/configs/qwen3-30b-a3b.json --no-hf \
   --batch 1 --new-tokens 32 --profile --json $OUT/i24_serve_qwen3.json 2>&1 \
   | grep -E "^engine|^switches|ms " | head -14
-timeout ${AB_S:-60} python benchmarks/gemm_decode_ab.py --out $OUT 2>&1 | grep -v -i warn
+timeout ${AB_S:-80} python benchmarks/gemm_decode_ab.py --out $OUT 2>&1 | grep -v -i warn
