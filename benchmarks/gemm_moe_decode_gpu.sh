@@ -17,20 +17,36 @@ export PYTHONPATH=$PWD VLLM_MOE_DIR=${VLLM_MOE_DIR:-$ROOT/.whl/vllm_moe}
 BUILD=$!
 G=tests/kernels/test_gemm_triton.py; R=tests/kernels/test_moe_routing.py
 X=tests/kernels/test_moe_experts.py
-OMP_NUM_THREADS=1 timeout ${TIER_S:-60} python benchmarks/gpu_tier.py \
-  --out $OUT/gpu_tier_i24_decode.json --timeout $(( ${TIER_S:-60} - 4 )) \
+OMP_NUM_THREADS=1 timeout ${TIER_S:-55} python benchmarks/gpu_tier.py \
+  --out $OUT/gpu_tier_i24_decode.json --timeout $(( ${TIER_S:-55} - 4 )) \
   --pytest-arg=-n --pytest-arg=12 --pytest-arg=-p --pytest-arg=no:cacheprovider \
   --kernel gemm.gemv.triton=$G --kernel gemm.fp8_block_mm.triton=$G \
   --kernel gemm.mm.triton=$G --kernel moe.topk_softmax.triton=$R \
   --kernel moe.topk_sigmoid_grouped.triton=$R --kernel moe.fused_experts.triton=$X \
   --kernel moe.combine.triton=$X 2>&1 | tail -6
+timeout ${GEMV_S:-30} python benchmarks/gemm_decode_ab.py --out $OUT --stages gemv 2>&1 \
+  | grep -v -i warn
+# the gemv sweep's per-shape winners (>= 2 % faster than the shipped choice), for serve run 2
+TABLE=$(python -c "
+import json, sys
+t = {}
+for r in json.load(open('$OUT/i24_gemv.json'))['rows']:
+    s, b = r['shape'], r['best_sweep']
+    if s['M'] == 1 and b['us'] < 0.98 * r['pdl_on_us']:
+        t[(s['N'], s['K'])] = (b['config'], b['programs_per_sm'])
+print(repr(t))" 2>/dev/null || echo "{}")
+echo "per-shape table: $TABLE"
 wait $BUILD; tail -2 /tmp/ext.log
 S="python benchmarks/serve_ab.py"
 timeout ${SERVE1_S:-50} $S -- --batch 1 --new-tokens 48 --no-hf --profile \
   --json $OUT/i24_serve_llama_pdl.json 2>&1 | grep -E "^engine|^switches|_kernel|ms " | head -14
-timeout ${SERVE2_S:-30} $S --set tskernels.ops.gemm.triton_gemv.USE_PDL=False -- --batch 1 \
+timeout ${SERVE2_S:-28} $S --set "tskernels.ops.gemm.triton_gemv.SHAPE_CONFIGS=$TABLE" -- \
+  --batch 1 --new-tokens 48 --no-hf --json $OUT/i24_serve_llama_table.json 2>&1 \
+  | grep -E "^engine|^sw"
+timeout ${SERVE2_S:-28} $S --set tskernels.ops.gemm.triton_gemv.USE_PDL=False -- --batch 1 \
   --new-tokens 48 --no-hf --json $OUT/i24_serve_llama_nopdl.json 2>&1 | grep -E "^engine|^sw"
-timeout ${QWEN_S:-45} $S -- --model dummy:benchmarks/configs/qwen3-30b-a3b.json --no-hf \
+timeout ${QWEN_S:-42} $S -- --model dummy:benchmarks/configs/qwen3-30b-a3b.json --no-hf \
   --batch 1 --new-tokens 32 --profile --json $OUT/i24_serve_qwen3.json 2>&1 \
   | grep -E "^engine|^switches|ms " | head -14
-timeout ${AB_S:-80} python benchmarks/gemm_decode_ab.py --out $OUT 2>&1 | grep -v -i warn
+timeout ${AB_S:-52} python benchmarks/gemm_decode_ab.py --out $OUT --stages moe,fp8 2>&1 \
+  | grep -v -i warn

@@ -192,3 +192,20 @@ def test_gemv_with_and_without_pdl(pdl, monkeypatch):
     want = ref.mm(ops[1][0].double(), ops[1][1].double())
     assert_close(eager[1], want)
     _workspace_clean(dev)
+
+
+def test_gemv_per_shape_configs(kernel_device, monkeypatch):
+    """SHAPE_CONFIGS replaces the config and the programs-per-SM target of one (N, K) (16-bit,
+    M <= 16) and leaves other shapes, fp8 and explicit configs alone; results stay right."""
+    cfg = dict(BN=32, BK=64, num_stages=2, num_warps=4)
+    monkeypatch.setattr(triton_gemv, "SHAPE_CONFIGS", {(96, 256): (cfg, 8)})
+    dev = torch.device(kernel_device)
+    got, split, _ = triton_gemv.plan(1, 96, 256, False, dev)
+    assert got == cfg and split == min(4, round(8 * triton_gemv._num_sms(dev) / 3))
+    assert triton_gemv.plan(1, 128, 256, False, dev)[0] != cfg
+    assert triton_gemv.plan(1, 96, 256, True, dev)[0] != cfg
+    assert triton_gemv.plan(1, 96, 256, False, dev, dict(cfg, BN=16))[0]["BN"] == 16
+    a, b = _operands(2, 96, 256, torch.float16, kernel_device, 3)
+    c = tskernels.gemm.gemv(a, b, backend="triton")
+    assert_close(c, ref.mm(a.double(), b.double()), baseline=ref.mm(a, b))
+    _workspace_clean(kernel_device)

@@ -129,6 +129,10 @@ STREAM_CONFIGS = {
 TARGET_PROGRAMS_PER_SM = 4
 # programmatic dependent launch on sm_90+ CUDA (a module switch so benchmarks can time both)
 USE_PDL = True
+# 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
+# and TARGET_PROGRAMS_PER_SM, where a per-shape sweep on the device measured a faster choice
+# (benchmarks/gemm_decode_ab.py)
+SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {}
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
@@ -171,10 +175,13 @@ def mpad(m: int) -> int:
 def plan(m: int, n: int, k: int, fp8: bool, device: torch.device, config: dict | None = None):
     """(config, split, k_split): the tile config and how many K splits (k_split elements each,
     a multiple of BK) give about TARGET_PROGRAMS_PER_SM programs per SM."""
+    per_sm = TARGET_PROGRAMS_PER_SM
+    if config is None and not fp8 and m <= 16 and (n, k) in SHAPE_CONFIGS:
+        config, per_sm = SHAPE_CONFIGS[n, k]
     cfg = dict(config or _tune.stream_config(m, n, k, fp8, None, device))
     tiles = triton.cdiv(n, cfg["BN"])
     kblocks = triton.cdiv(k, cfg["BK"])
-    want = max(1, round(TARGET_PROGRAMS_PER_SM * _num_sms(device) / tiles))
+    want = max(1, round(per_sm * _num_sms(device) / tiles))
     split = min(want, kblocks)
     if split > 1 and (m * n > WS_ELEMS or tiles > CNT_ELEMS):
         split = 1
