@@ -33,7 +33,7 @@ def main() -> None:
             if not hasattr(m, name):
                 raise SystemExit(f"--set: {mod} has no attribute {name}")
             setattr(m, name, ast.literal_eval(value))
-            switches[path] = getattr(m, name)
+            switches[path] = repr(getattr(m, name))  # JSON-safe (tuple keys)
     print(f"switches: {switches}", flush=True)
     bench = Path(__file__).with_name("serve_gpu_bench.py")
     sys.argv = [str(bench), *rest]
