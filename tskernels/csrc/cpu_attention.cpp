@@ -61,6 +61,57 @@ __attribute__((target("avx512f,fma"))) void decode_task_avx512(
   for (int64_t g = 0; g < group; ++g)
     _Pragma("GCC unroll 8") for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ob + g * o_sh + 16 * c, acc[g][c]);
 }
+
+// The same task in AVX2+FMA for D = 8 * DV (8 lanes; the softmax tail in scalar code).
+template <int DV, typename CT>
+__attribute__((target("avx2,fma"))) void decode_task_avx2(
+    const float* qb, int64_t q_sh, int64_t group, int64_t len, float sc,
+    const CT* (*row)(const void*, const CT*, int64_t), const void* ctx, const CT* kc,
+    const CT* vc, float* s, float* ob, int64_t o_sh) {
+  for (int64_t j = 0; j < len; ++j) {
+    const CT* kj = row(ctx, kc, j);
+    __m256 kv[DV];
+    _Pragma("GCC unroll 16") for (int c = 0; c < DV; ++c) kv[c] = load_w8(kj + 8 * c);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qb + g * q_sh;
+      __m256 a = _mm256_mul_ps(_mm256_loadu_ps(qg), kv[0]);
+      _Pragma("GCC unroll 16") for (int c = 1; c < DV; ++c) a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), kv[c], a);
+      s[g * len + j] = hsum256(a) * sc;
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = s + g * len;
+    float m = sg[0];
+    for (int64_t j = 1; j < len; ++j) m = std::max(m, sg[j]);
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + j), mv));
+      _mm256_storeu_ps(sg + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    float total = hsum256(sum);
+    for (; j < len; ++j) {
+      sg[j] = std::exp(sg[j] - m);
+      total += sg[j];
+    }
+    const float inv = 1.f / total;
+    for (int64_t i = 0; i < len; ++i) sg[i] *= inv;
+  }
+  // one query head at a time: its DV accumulators stay in registers (16 ymm in all)
+  for (int64_t g = 0; g < group; ++g) {
+    __m256 acc[DV];
+    _Pragma("GCC unroll 16") for (int c = 0; c < DV; ++c) acc[c] = _mm256_setzero_ps();
+    const float* sg = s + g * len;
+    for (int64_t j = 0; j < len; ++j) {
+      const CT* vj = row(ctx, vc, j);
+      const __m256 p = _mm256_set1_ps(sg[j]);
+      _Pragma("GCC unroll 16") for (int c = 0; c < DV; ++c) acc[c] = _mm256_fmadd_ps(p, load_w8(vj + 8 * c), acc[c]);
+    }
+    _Pragma("GCC unroll 16") for (int c = 0; c < DV; ++c) _mm256_storeu_ps(ob + g * o_sh + 8 * c, acc[c]);
+  }
+}
 #endif
 
 // ---- paged decode attention (fp32) and K/V store for the CPU backend ----------------------
@@ -99,7 +150,7 @@ void decode_attn_impl(uintptr_t q_ptr, int64_t q_sb, int64_t q_sh, uintptr_t k_p
     }
   }
   nb::gil_scoped_release nogil;
-  const bool avx = vector && has_avx512();
+  const Isa isa = vector ? cpu_isa() : Isa::scalar;
   const int64_t group = hq / hkv, tasks = batch * hkv;
   const float sc = static_cast<float>(scale);
   auto task = [&](int64_t t, std::vector<float>& s, std::vector<float>& acc) {
@@ -117,7 +168,7 @@ void decode_attn_impl(uintptr_t q_ptr, int64_t q_sb, int64_t q_sh, uintptr_t k_p
       return cache + ((pg * page_size + j % page_size) * hkv + h) * d;
     };
 #ifdef TSK_X86
-    if (avx && group <= 8 && (d == 64 || d == 128)) {
+    if ((isa == Isa::avx512 || isa == Isa::avx2) && group <= 8 && (d == 64 || d == 128)) {
       struct Ctx { const int32_t* pt; int64_t ps, hkv, d, h; };
       const Ctx ctx{pt + b * pt_sb, page_size, hkv, d, h};
       auto rowf = [](const void* c, const CT* cache, int64_t j) -> const CT* {
@@ -126,6 +177,15 @@ void decode_attn_impl(uintptr_t q_ptr, int64_t q_sb, int64_t q_sh, uintptr_t k_p
         return cache + ((pg * x->ps + j % x->ps) * x->hkv + x->h) * x->d;
       };
       float* o0 = ob + h * group * o_sh;
+      if (isa == Isa::avx2) {
+        if (d == 64)
+          decode_task_avx2<8, CT>(qb, q_sh, group, len, sc, rowf, &ctx, kc, vc, s.data(), o0,
+                                  o_sh);
+        else
+          decode_task_avx2<16, CT>(qb, q_sh, group, len, sc, rowf, &ctx, kc, vc, s.data(), o0,
+                                   o_sh);
+        return;
+      }
       if (d == 64)
         decode_task_avx512<4, CT>(qb, q_sh, group, len, sc, rowf, &ctx, kc, vc, s.data(), o0,
                                   o_sh);
@@ -170,8 +230,13 @@ void decode_attn_impl(uintptr_t q_ptr, int64_t q_sb, int64_t q_sh, uintptr_t k_p
     for (int64_t g = 0; g < group; ++g)
       for (int64_t x = 0; x < d; ++x) ob[(h * group + g) * o_sh + x] = acc[g * d + x];
   };
+  // Waking the thread team costs more than a small decode's whole work (a batch-1 step of the
+  // default model: 3 tasks of ~60 keys, ~10 us of math, 30 calls a step), and on a loaded CPU
+  // the wait for the other thread's time slice is longer still: stay on this thread there.
+  int64_t work = 0;
+  for (int64_t b = 0; b < batch; ++b) work += static_cast<int64_t>(lens[b]) * hq * d;
 #ifdef _OPENMP
-#pragma omp parallel if (tasks > 1)
+#pragma omp parallel if (tasks > 1 && work >= (int64_t{1} << 18))
   {
     std::vector<float> s, acc;
 #pragma omp for schedule(dynamic, 1)

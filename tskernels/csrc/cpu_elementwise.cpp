@@ -19,6 +19,19 @@ __attribute__((target("avx512f,fma"))) void silu_mul_avx512(const float* g, cons
   }
   for (; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
+
+__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* g, const float* u, float* y,
+                                                       int64_t n) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
 #endif
 
 // ---- elementwise / row ops of a decode step (fp32) -------------------------------------------
@@ -62,7 +75,7 @@ void rmsnorm_f32(uintptr_t x_ptr, int64_t x_stride, uintptr_t res_ptr, int64_t r
 // y[r, i] = silu(x[r, i]) * x[r, I + i]
 void silu_and_mul_f32(uintptr_t x_ptr, int64_t x_stride, uintptr_t y_ptr, int64_t y_stride,
                       int64_t rows, int64_t inter, bool vector) {
-  const bool avx = vector && has_avx512();
+  const Isa isa = vector ? cpu_isa() : Isa::scalar;
   const auto* x = reinterpret_cast<const float*>(x_ptr);
   auto* y = reinterpret_cast<float*>(y_ptr);
   nb::gil_scoped_release nogil;
@@ -72,8 +85,12 @@ void silu_and_mul_f32(uintptr_t x_ptr, int64_t x_stride, uintptr_t y_ptr, int64_
     const float* u = g + inter;
     float* yr = y + r * y_stride;
 #ifdef TSK_X86
-    if (avx) {
+    if (isa == Isa::avx512) {
       silu_mul_avx512(g, u, yr, inter);
+      continue;
+    }
+    if (isa == Isa::avx2) {
+      silu_mul_avx2(g, u, yr, inter);
       continue;
     }
 #endif
