@@ -215,6 +215,7 @@ def test_decode_block_widths(kernel_device, block_v):
 
 
 @pytest.mark.parametrize("tuning", [{"state_bv": 16}, {"state_bv": 64}, {"wy_warps": 4},
+                                    {"wy_reload": True}, {"wy_reload": True, "wy_warps": 4},
                                     {"out_warps": 4}])
 def test_prefill_launch_variants(kernel_device, tuning):
     """The launch overrides the H200 sweep timed compute the same values."""
