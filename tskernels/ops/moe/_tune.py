@@ -105,6 +105,9 @@ def tiles(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, fp
     te = _experts()
     if device.type != "cuda":
         return te.tiles_for(tokens, fp8)
-    cfg = tuning.config(EXPERTS, {"T": tokens, "E": num_experts, "k": top_k, "H": hidden,
-                                  "I": inter, "w": "fp8" if fp8 else "bf16"}, device)
-    return te.Tiles(**cfg)
+    c = tuning.choice(EXPERTS, {"T": tokens, "E": num_experts, "k": top_k, "H": hidden,
+                                "I": inter, "w": "fp8" if fp8 else "bf16"}, device)
+    arch = te.cdna_arch(device)
+    if arch is not None and c.link == "heuristic":
+        return te.tiles_for(tokens, fp8, arch)  # CDNA: the arch's own table
+    return te.Tiles(**c.config)

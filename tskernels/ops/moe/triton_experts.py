@@ -7,6 +7,7 @@ that ~200 programs stream the touched experts' weights, prefill uses 128-row wgm
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -52,8 +53,43 @@ _TABLE_FP8 = (
 )
 
 
-def tiles_for(tokens: int, fp8: bool) -> Tiles:
-    for bound, t in (_TABLE_FP8 if fp8 else _TABLE):
+# AMD CDNA (wave 64), per arch: heuristic, not run (no AMD GPU); the compile matrix shows MFMA,
+# no scratch and LDS within the arch for each. Not in the tuning space (its configs are Tiles,
+# which carry no backend knobs): the knobs are CDNA_OPTIONS, passed at launch on AMD only.
+def _cdna(t: Tiles, **kw) -> Tiles:
+    # 2 stages: gfx942 does not stage the gathered rows in LDS (16-32 KB at 2-4 stages alike),
+    # and on gfx950 the 3-4 stage prefill tiles take 98-147 KB of the 160 KB: one workgroup
+    # per CU where 2 stages (48 KB) leave room for three
+    return dataclasses.replace(t, up_stages=2, down_stages=2, **kw)
+
+
+CDNA_TABLES = {
+    arch: (tuple((b, _cdna(t)) for b, t in _TABLE),
+           # fp8 prefill gate-up (two block-rescaled accumulators): 8 waves are capped at 256
+           # VGPRs and spilled 32 B on gfx950, 4 waves take 408 without scratch
+           tuple((b, _cdna(t, up_warps=4) if t.block_m >= 64 else _cdna(t))
+                 for b, t in _TABLE_FP8))
+    for arch in ("gfx942", "gfx950")}
+# 16x16 MFMA: decode blocks are 16 rows, one MFMA row block (32x32 would half-fill them)
+CDNA_OPTIONS = {"matrix_instr_nonkdim": 16}
+_arch: dict[torch.device, str | None] = {}
+
+
+def cdna_arch(device: torch.device) -> str | None:
+    """"gfx942" / "gfx950" on those AMD devices, else None."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return None
+    if device not in _arch:
+        from ...platform import platform_of
+        arch = platform_of(device).arch
+        _arch[device] = arch if arch in CDNA_TABLES else None
+    return _arch[device]
+
+
+def tiles_for(tokens: int, fp8: bool, arch: str | None = None) -> Tiles:
+    """The table's tiles for `tokens` (arch: a CDNA arch's own table)."""
+    table = (_TABLE_FP8 if fp8 else _TABLE) if arch is None else CDNA_TABLES[arch][fp8]
+    for bound, t in table:
         if tokens <= bound:
             return t
     raise AssertionError("unreachable")
@@ -81,6 +117,7 @@ def experts(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_scale=
     if tokens == 0:
         return out
     cfg = tiles or _tune.tiles(tokens, hidden, inter, num_experts, top_k, fp8, dev)
+    opts = CDNA_OPTIONS if cdna_arch(dev) is not None else {}
     numel = tokens * top_k
     sorted_ids, expert_ids, total = align(topk_ids, num_experts, cfg.block_m)
     max_padded = sorted_ids.numel()
@@ -105,13 +142,13 @@ def experts(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_scale=
         hidden, xq.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *scale_args,
         TOP_K=top_k, FP8=fp8, GELU=activation == "gelu", BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.up_n, BLOCK_K=cfg.up_k, GROUP_M=cfg.group_m, num_warps=cfg.up_warps,
-        num_stages=cfg.up_stages)
+        num_stages=cfg.up_stages, **opts)
     down_kernel[(num_m * triton.cdiv(hidden, cfg.down_n),)](
         act, w2, y, acts, w2s, weights, sorted_ids, expert_ids, total, numel, num_m, hidden,
         inter, act.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
         acts.stride(0) if fp8 else 0, w2s.stride(0) if fp8 else 0, w2s.stride(1) if fp8 else 0,
         FP8=fp8, BLOCK_M=cfg.block_m, BLOCK_N=cfg.down_n, BLOCK_K=cfg.down_k,
-        GROUP_M=cfg.group_m, num_warps=cfg.down_warps, num_stages=cfg.down_stages)
+        GROUP_M=cfg.group_m, num_warps=cfg.down_warps, num_stages=cfg.down_stages, **opts)
     # rows of y whose id is not a local expert were never written: the combine skips them
     _combine(y.view(tokens, top_k, hidden), None, out, ids=_contig(topk_ids),
              num_experts=num_experts)
@@ -154,34 +191,54 @@ def _cases():
     up_al = ("stride_xt", "stride_we", "stride_wn", "stride_ar")
     dn_al = ("stride_ar", "stride_we", "stride_wn", "stride_yf")
     cases = []
-    for label, t in (("prefill", tiles_for(8192, False)), ("decode", tiles_for(1, False))):
+    _aligned_cases(cases, up_sig, up_fp8, dn_sig, dn_fp8, up_al, dn_al, None)
+    nvidia = tuple(t for t in TRITON["compiled"] if t.startswith("sm_"))
+    cases = [dataclasses.replace(c, targets=tuple(t for t in (c.targets or nvidia)
+                                                  if t in nvidia)) for c in cases]
+    for arch in CDNA_TABLES:  # the CDNA tables, with their launch knobs
+        _aligned_cases(cases, up_sig, up_fp8, dn_sig, dn_fp8, up_al, dn_al, arch)
+    return cases + triton_direct.compile_cases()
+
+
+def _aligned_cases(cases, up_sig, up_fp8, dn_sig, dn_fp8, up_al, dn_al, arch):
+    """The aligned path's gate-up / down cases at prefill and decode tiles (arch: a CDNA
+    table, built for that arch only, fp8 where its MFMA takes e4m3: gfx950)."""
+    sfx, only = (f"_{arch}", (arch,)) if arch else ("", None)
+    opts = tuple(CDNA_OPTIONS.items()) if arch else ()
+    for label, t in (("prefill", tiles_for(8192, False, arch)),
+                     ("decode", tiles_for(1, False, arch))):
+        label += sfx
         narrow = t.block_m < 64
         cases.append(CompileCase(
             gate_up_kernel, up_sig, dict(TOP_K=8, FP8=False, GELU=False, BLOCK_M=t.block_m,
                                          BLOCK_N=t.up_n, BLOCK_K=t.up_k, GROUP_M=t.group_m),
             num_warps=t.up_warps, num_stages=t.up_stages, uses_dot=True, label=label,
-            aligned=up_al, narrow_dot=narrow))
+            aligned=up_al, narrow_dot=narrow, targets=only, options=opts))
         cases.append(CompileCase(
             down_kernel, dn_sig, dict(FP8=False, BLOCK_M=t.block_m, BLOCK_N=t.down_n,
                                       BLOCK_K=t.down_k, GROUP_M=t.group_m),
             num_warps=t.down_warps, num_stages=t.down_stages, uses_dot=True, label=label,
-            aligned=dn_al, narrow_dot=narrow))
+            aligned=dn_al, narrow_dot=narrow, targets=only, options=opts))
     # e4m3 tensor cores: sm_90 / sm_120 / gfx950. sm_100 is left out: its tcgen05 build of
     # the fp8 gate-up (two block-rescaled accumulators) spills ~4.9 KB at these tiles.
-    fp8_targets = ("sm_90", "sm_120", "gfx950")
-    for label, t in (("fp8_prefill", tiles_for(8192, True)), ("fp8_decode", tiles_for(1, True))):
+    fp8_targets = ("sm_90", "sm_120", "gfx950") if arch is None else \
+        (only if arch == "gfx950" else ())
+    if not fp8_targets:
+        return
+    for label, t in (("fp8_prefill", tiles_for(8192, True, arch)),
+                     ("fp8_decode", tiles_for(1, True, arch))):
+        label += sfx
         narrow = t.block_m < 64
         cases.append(CompileCase(
             gate_up_kernel, up_fp8, dict(TOP_K=8, FP8=True, GELU=False, BLOCK_M=t.block_m,
                                          BLOCK_N=t.up_n, BLOCK_K=t.up_k, GROUP_M=t.group_m),
             num_warps=t.up_warps, num_stages=t.up_stages, uses_dot=True, label=label,
-            aligned=up_al, targets=fp8_targets, narrow_dot=narrow))
+            aligned=up_al, targets=fp8_targets, narrow_dot=narrow, options=opts))
         cases.append(CompileCase(
             down_kernel, dn_fp8, dict(FP8=True, BLOCK_M=t.block_m, BLOCK_N=t.down_n,
                                       BLOCK_K=t.down_k, GROUP_M=t.group_m),
             num_warps=t.down_warps, num_stages=t.down_stages, uses_dot=True, label=label,
-            aligned=dn_al, targets=fp8_targets, narrow_dot=narrow))
-    return cases + triton_direct.compile_cases()
+            aligned=dn_al, targets=fp8_targets, narrow_dot=narrow, options=opts))
 
 
 def _combine_cases():
