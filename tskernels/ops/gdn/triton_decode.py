@@ -15,6 +15,7 @@ import triton.language as tl
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from . import _tune
 from ._validate import FORMATS, head_dim_ok
 
 
@@ -71,11 +72,12 @@ def decode_step(q, k, v, g, beta, state, state_slots, *, scale=None, use_qk_l2no
     if not state.is_contiguous():
         raise ValueError("state: the Triton decode step updates the pool in place and needs it "
                          f"contiguous, got strides {state.stride()}")
-    bv = block_v or _block_v(batch, hv, dv)
+    tcfg = _tune.decode_config(batch, hk, hv, dk, dv, q.dtype, q.device) if block_v is None else {}
+    bv = block_v or tcfg.get("block_v") or _block_v(batch, hv, dv)
     _decode_kernel[(dv // bv, batch * hv)](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state,
         state_slots.contiguous(), o, scale, HK=hk, HV=hv, K=dk, V=dv, BV=bv,
-        L2NORM=use_qk_l2norm, num_warps=4)
+        L2NORM=use_qk_l2norm, num_warps=tcfg.get("num_warps", 4))
     return o
 
 
