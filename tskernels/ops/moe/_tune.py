@@ -4,7 +4,9 @@ autotune.declare): the gate-up and down tiles (`triton_experts.Tiles`) per token
 The heuristic is `triton_experts.tiles_for` (the kernel's own table), so without a table entry
 a launch is what it was. fp8 weights need 128-wide K steps (one scale group), a gate-up N tile
 of one quantization group and a down N tile dividing it; the pruner drops the other configs.
-The decode path without alignment (triton_direct) is not part of this space.
+The decode path without alignment (triton_direct) is not part of this space. On CDNA the
+heuristic is the arch's own table (`tiles_for(..., arch)`); the launch's backend options stay
+`triton_experts.CDNA_OPTIONS` (Tiles carry no backend knobs).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _experts():
 
 
 def _heuristic(p: Mapping) -> dict:
-    return asdict(_experts().tiles_for(p["T"], p.get("w") == "fp8"))
+    return asdict(_experts().tiles_for(p["T"], p.get("w") == "fp8", p.get("arch")))
 
 
 def _prune(cfg, p, target) -> str | None:
@@ -90,7 +92,7 @@ EXPERTS = declare(KernelSpace(
     "moe.fused_experts.triton",
     Space(block_m=[16, 32, 64, 128], up_n=[32, 64, 128], up_k=[64, 128],
           down_n=[64, 128, 256], down_k=[64, 128], group_m=[1, 8], up_warps=[4, 8],
-          up_stages=[3, 4], down_warps=[4, 8], down_stages=[3, 4]),
+          up_stages=[2, 3, 4], down_warps=[4, 8], down_stages=[2, 3, 4]),
     key=lambda p: {"T": pow2_bucket(p["T"]), "E": p["E"], "k": p["k"], "H": p["H"],
                    "I": p["I"], "w": p.get("w", "bf16")},
     heuristic=_heuristic, prune=_prune, source=_source, runner=_runner,
