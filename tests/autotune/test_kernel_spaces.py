@@ -10,7 +10,12 @@ from autotune import Target, jit_source, spaces
 
 DECLARED = sorted(spaces())
 # Kernels the tuning issue lists; each must declare a space.
-REQUIRED = ("attention.decode.triton", "norm.rmsnorm.triton", "rope.apply_rope.triton", "activation.silu_and_mul.triton")
+REQUIRED = ("attention.decode.triton", "attention.extend.triton", "attention.merge_states.triton",
+            "attention.store_kv.triton", "mla.decode.triton", "mla.extend.triton",
+            "norm.rmsnorm.triton", "rope.apply_rope.triton", "activation.silu_and_mul.triton",
+            "gemm.mm.triton", "gemm.gemv.triton", "gemm.fp8_block_mm.triton",
+            "gemm.fp8_stream.triton", "moe.fused_experts.triton", "sampling.greedy.triton",
+            "gdn.decode_step.triton", "gdn.chunk_prefill.triton")
 
 
 def test_required_kernels_declare_spaces():

@@ -153,7 +153,7 @@ MERGE = declare(KernelSpace(
     source=lambda: jit_source(__import__(__package__ + ".triton_merge",
                                          fromlist=["_"])._merge_two_kernel),
     runner=_merge_runner, parse=tuning.parse_shape,
-    example={"N": 64, "H": 32, "D": 128, "dtype": "bf16"},
+    example={"N": 4, "H": 8, "D": 128, "dtype": "bf16"},
     shapes=({"N": 64, "H": 32, "D": 128, "dtype": "bf16"},
             {"N": 4096, "H": 32, "D": 128, "dtype": "bf16"})))
 
@@ -216,7 +216,7 @@ STORE = declare(KernelSpace(
     source=lambda: jit_source(__import__(__package__ + ".triton_store",
                                          fromlist=["_"])._store_kv_kernel),
     runner=_store_runner, parse=tuning.parse_shape, exact=("H", "D"),
-    example={"T": 64, "H": 8, "D": 128, "kv": "bf16", "dtype": "bf16"},
+    example={"T": 16, "H": 8, "D": 128, "kv": "bf16", "dtype": "bf16"},
     shapes=tuple({"T": t, "H": 8, "D": 128, "kv": kv, "dtype": "bf16"}
                  for t in (64, 4096) for kv in ("bf16", "fp8"))))
 

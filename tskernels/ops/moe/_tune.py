@@ -32,14 +32,21 @@ def _heuristic(p: Mapping) -> dict:
     return asdict(_experts().tiles_for(p["T"], p.get("w") == "fp8", p.get("arch")))
 
 
+def _buffers(stages: int, target) -> int:
+    """Operand buffers in shared memory / LDS: one per stage on NVIDIA (cp.async / TMA
+    pipelines); AMD's stream pipeliner keeps stages - 1 in LDS."""
+    return stages if target.vendor != "amd" else max(1, stages - 1)
+
+
 def _prune(cfg, p, target) -> str | None:
     fp8 = p.get("w") == "fp8"
     if fp8 and (cfg["up_k"] != FP8_BLOCK or cfg["down_k"] != FP8_BLOCK
                 or cfg["up_n"] != FP8_BLOCK or FP8_BLOCK % cfg["down_n"]):
         return "fp8 weights: K tiles and the gate-up N tile of one 128 block, down N dividing it"
     elem = 1 if fp8 else 2
-    up = cfg["up_stages"] * (cfg["block_m"] + 2 * cfg["up_n"]) * cfg["up_k"] * elem
-    down = cfg["down_stages"] * (cfg["block_m"] + cfg["down_n"]) * cfg["down_k"] * elem
+    up = _buffers(cfg["up_stages"], target) * (cfg["block_m"] + 2 * cfg["up_n"]) * cfg["up_k"] * elem
+    down = _buffers(cfg["down_stages"], target) * (cfg["block_m"] + cfg["down_n"]) \
+        * cfg["down_k"] * elem
     if max(up, down) > target.smem_bytes:
         return f"{max(up, down)} B of operand stages exceed {target.smem_bytes} B"
     up_regs = 2 * cfg["block_m"] * cfg["up_n"] // (cfg["up_warps"] * target.warp_size)
