@@ -30,12 +30,14 @@ allocates nothing when given `out`.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+from autotune import KernelSpace, Space, backend_options, declare, jit_source, pow2_bucket
 
 from ... import tuning
 from ...compile import CompileCase
@@ -227,6 +229,25 @@ def _launch_config(head_dim: int, kv_dtype: torch.dtype) -> tuple[int, int, int]
     return max(16, min(64, 8192 // block_d)), 4, 2
 
 
+# AMD CDNA (wave 64) per arch: heuristic, not run (no AMD GPU); the compile matrix shows MFMA,
+# no scratch and LDS within the arch. num_stages: gfx942 keeps one K/V buffer in LDS (32 KB at
+# 2 stages: two workgroups per CU in its 64 KB), gfx950 two (64 KB of its 160 KB at 3)
+CDNA_STAGES = {"gfx942": 2, "gfx950": 3}
+# 16x16 MFMA: the 16-row query-head block is one MFMA row block. waves_per_eu=3 (<= 168
+# VGPRs, 3 waves per SIMD for the memory-bound loop) where it fits without scratch: gfx950;
+# gfx942 keeps 2 (<= 256 VGPRs): at 3 the fp8 form spilled 112 B and the 16-bit one 28 B
+CDNA_OPTIONS = {"gfx942": ({"matrix_instr_nonkdim": 16, "waves_per_eu": 2},
+                           {"matrix_instr_nonkdim": 16, "waves_per_eu": 2}),
+                "gfx950": ({"matrix_instr_nonkdim": 16, "waves_per_eu": 3},
+                           {"matrix_instr_nonkdim": 16, "waves_per_eu": 3})}
+
+
+def cdna_launch(arch: str, fp8: bool) -> tuple[int, dict]:
+    """(num_stages, backend options) of the decode kernel on gfx942 / gfx950 (fp8: an e4m3
+    cache, the keys-on-M form)."""
+    return CDNA_STAGES[arch], dict(CDNA_OPTIONS[arch][fp8])
+
+
 TUNE_KERNEL = "attention.decode.triton"
 
 
@@ -284,6 +305,7 @@ SPACE = declare(KernelSpace(
     key=lambda p: {"d": p["d"], "kv": p["kv"], "g": p["g"], "bh": pow2_bucket(p["bh"]),
                    "L": pow2_bucket(p["L"])},
     heuristic=lambda p: {}, prune=_prune, source=lambda: jit_source(_decode_kernel),
+    arch_knobs={"amd": {"waves_per_eu": [2, 3], "matrix_instr_nonkdim": [16]}},
     runner=_runner, parse=tuning.parse_shape, exact=("d", "g"),
     example={"d": 128, "kv": "bf16", "g": 4, "bh": 512, "L": 4096}))
 
@@ -313,7 +335,7 @@ class DecodePlan(PlanBase):
     def __init__(self, page_table, seq_lens, *, num_q_heads, num_kv_heads, head_dim,
                  page_size, q_dtype, kv_dtype, scale, sliding_window=None, softcap=None,
                  max_seq_len=None, num_splits=None, block_n=None, num_warps=None,
-                 num_stages=None):
+                 num_stages=None, waves_per_eu=None, matrix_instr_nonkdim=None):
         self.page_table, self.seq_lens = page_table, seq_lens
         self.batch = page_table.shape[0]
         self.hq, self.hkv, self.d = num_q_heads, num_kv_heads, head_dim
@@ -330,6 +352,13 @@ class DecodePlan(PlanBase):
         tuned = choice.config if choice is not None else {}
         self.tuned_from = choice.link if choice is not None else "heuristic"
         bn, nw, ns = _launch_config(head_dim, kv_dtype)
+        self.launch_options = {}
+        plat = platform_of(dev) if dev.type == "cuda" and torch.version.hip else None
+        if plat is not None and plat.arch in CDNA_STAGES:  # AMD CDNA: its own stages / knobs
+            ns, self.launch_options = cdna_launch(plat.arch, kv_dtype == torch.float8_e4m3fn)
+            self.launch_options.update(backend_options(tuned))
+            self.launch_options.update({k: v for k, v in (("waves_per_eu", waves_per_eu), (
+                "matrix_instr_nonkdim", matrix_instr_nonkdim)) if v is not None})
         self.block_n = block_n or tuned.get("block_n", bn)
         self.num_warps = num_warps or tuned.get("num_warps", nw)
         self.num_stages = num_stages or tuned.get("num_stages", ns)
@@ -407,7 +436,7 @@ class DecodePlan(PlanBase):
             KEYS_M=keys_m, Q_FP8=keys_m and fp8,
             BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
             num_warps=self.num_warps,
-            num_stages=self.num_stages)
+            num_stages=self.num_stages, **self.launch_options)
         if split and not self.fused_merge:
             bs = max(2, triton.next_power_of_2(self.num_splits))
             merge_kernel[(self.hq, B)](
@@ -473,7 +502,20 @@ def _cases():
                            label="merge_mla_chunks"))
     out.append(CompileCase(merge_kernel, msig, dict(mc, PDL=True), num_warps=1,
                            label="merge_pdl", targets=nvidia))
-    return out
+    # the dot cases above carry the NVIDIA launches; CDNA builds them with its own stages and
+    # backend options (DecodePlan on gfx942 / gfx950)
+    nv = tuple(t for t in TRITON["compiled"] if t.startswith("sm_"))
+    cdna = []
+    for c in out:
+        if c.uses_dot and c.targets is None:
+            for arch in CDNA_STAGES:
+                ns, opts = cdna_launch(arch, "fp8" in c.signature["k_ptr"])
+                cdna.append(dataclasses.replace(c, num_stages=ns, targets=(arch,),
+                                                options=tuple(opts.items()),
+                                                label=f"{c.label}_{arch}"))
+    out = [dataclasses.replace(c, targets=nv) if c.uses_dot and c.targets is None else c
+           for c in out]
+    return out + cdna
 
 
 def _decode_traits():
