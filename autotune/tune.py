@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ class BucketResult:
     pruned: list[dict]
     heuristic: dict | None = None
     heuristic_us: float | None = None
+    partial: bool = False             # a deadline stopped it before every candidate ran
 
     def as_dict(self) -> dict:
         """The evidence of one bucket: pick vs heuristic, ties, failures (JSON-able)."""
@@ -53,7 +55,7 @@ class BucketResult:
                 "us": round(self.us, 3), "heuristic": self.heuristic,
                 "heuristic_us": None if self.heuristic_us is None else round(self.heuristic_us, 3),
                 "ties": self.ties, "timed": len(self.candidates) - len(self.errors),
-                "pruned": len(self.pruned),
+                "pruned": len(self.pruned), "partial": self.partial,
                 "failed": [{"config": c.config, "error": c.error} for c in self.errors]}
 
     @property
@@ -90,18 +92,27 @@ def _run(cand: Candidate, runner, timer: Callable, repeats: int) -> None:
 
 
 def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, target: Target,
-                repeats: int = 3, tie_rel: float = 0.02, limit: int | None = None) -> BucketResult:
+                repeats: int = 3, tie_rel: float = 0.02, limit: int | None = None,
+                deadline: float | None = None, clock: Callable[[], float] = time.monotonic
+                ) -> BucketResult:
     """limit: time at most this many of the bucket's valid configs (the heuristic always,
     the rest drawn reproducibly). A heuristic outside the space ({} = the plan's own choice)
-    is timed too, as the baseline, but cannot be picked."""
+    is timed too, as the baseline, but cannot be picked. deadline (a `clock()` value): the
+    heuristic is timed first and no further candidate starts after it; the pick is among
+    those timed (`BucketResult.partial` says so)."""
     heur = ks.heuristic_for(problem, target)
     configs, pruned = ks.candidates(problem, target)
     configs = _limited(configs, heur, limit)
-    cands = []
-    for cfg in configs:
-        c = Candidate(cfg)
-        cands.append(c)
-        _run(c, runner, timer, repeats)
+    cands = [Candidate(cfg) for cfg in configs]
+    order = sorted(range(len(cands)), key=lambda i: cands[i].config != heur)  # heuristic first
+    timed = 0
+    for i in order:
+        if deadline is not None and timed and clock() >= deadline:
+            break
+        _run(cands[i], runner, timer, repeats)
+        timed += 1
+    partial = timed < len(cands)
+    cands = [c for c in cands if c.times or c.error]   # those not reached are left out
     ok = [c for c in cands if not c.error]
     bucket = bucket_str(ks.bucket(problem))
     if not ok:
@@ -114,6 +125,7 @@ def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, t
     res = BucketResult(ks.kernel, bucket, dict(pick.config), pick.us,
                        [dict(c.config) for c in ties if c is not pick], cands, pruned, heur)
     res.heuristic_us = res.time_of(heur)
+    res.partial = partial
     if res.heuristic_us is None and heur not in configs:
         base = Candidate(heur)
         _run(base, runner, timer, repeats)

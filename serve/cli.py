@@ -133,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads of the engine's torch / C++ kernels (default: half the "
                         "CPUs this process may use, at least 1: %(default)s here)")
     e.add_argument("--seed", type=int, help="seed for weights of dummy models and unseeded sampling")
+    e.add_argument("--capture-shapes", metavar="PATH",
+                   help="record the kernels' shape buckets of the traffic into PATH (autotune)")
+    e.add_argument("--tune-window", dest="tune_window_s", type=float, metavar="SECONDS",
+                   help="at start, tune the --capture-shapes buckets without a table entry for "
+                        "at most SECONDS (GPU; kept in the user cache for the next start)")
     e.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="prepare step N+1 on the host while the device runs step N (default: on "
                         "a GPU)")
@@ -141,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
                 "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
-                "quantization", "device", "seed", "threads", "overlap_schedule")
+                "quantization", "device", "seed", "threads", "overlap_schedule",
+                "capture_shapes", "tune_window_s")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

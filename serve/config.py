@@ -45,6 +45,11 @@ class EngineArgs:
     overlap_schedule: bool | None = None
     cpu_kv_cache_gb: float = 1.0  # default pool size on CPU when num_kv_pages is not given
     threads: int | None = None  # torch.set_num_threads for the engine; None: torch's default
+    # autotune (docs/AUTOTUNE.md): count the (kernel, shape bucket) lookups of the traffic into
+    # this file; with tune_window_s > 0, at start (before CUDA graphs) tune for at most that
+    # many seconds the file's buckets that have no table entry, kept for the next start
+    capture_shapes: str | None = None
+    tune_window_s: float = 0.0
 
     def __post_init__(self):
         def bad(name, want):
@@ -67,6 +72,9 @@ class EngineArgs:
             bad("quantization", "'auto', 'none' or 'int8'")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "a positive int or None")
+        if isinstance(self.tune_window_s, bool) or not isinstance(self.tune_window_s, (int, float)) \
+                or not self.tune_window_s >= 0:
+            bad("tune_window_s", "a number of seconds >= 0")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             bad("device", "'auto', 'cpu' or 'cuda'")
 

@@ -120,6 +120,9 @@ class ModelRunner:
                                       pin_memory=pinned) for _ in range(2)]
         self._ids_flip = 0
         self.graphs = None
+        # autotune: shape capture, and the bounded tuning window before any graph exists
+        from tskernels.tuning import engine_start
+        engine_start(args.capture_shapes, args.tune_window_s, device)
         if device.type == "cuda" and args.cuda_graphs:
             from .cuda_graph import CudaGraphs
             try:

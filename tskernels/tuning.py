@@ -133,3 +133,36 @@ def _rel_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     tiny = 1e-30
     return (d.norm().item() / max(rf.norm().item(), tiny),
             d.max().item() / max(rf.abs().max().item(), tiny))
+
+
+def engine_start(capture_path: str | None, window_s: float, device, *,
+                 timer: Callable | None = None, tables=None, clock=None):
+    """What an engine does for autotuning at start, before it captures CUDA graphs:
+    record the shape histogram of its traffic into `capture_path` (when given), and with
+    `window_s` > 0 on a GPU tune the captured buckets of this device that have no table entry
+    (`autotune.window.tune_missing`), persisting them to the user cache; the lookups then see
+    the new entries. Returns the window's report (None when no window ran). The capture file
+    is the one given, else $TSKERNELS_CAPTURE_SHAPES."""
+    import os
+    from pathlib import Path
+
+    from autotune import capture, default_lookup
+    from autotune.window import tune_missing
+    if capture_path:
+        capture.enable(capture_path)
+    if not window_s or window_s <= 0:
+        return None
+    dev = torch.device(device)
+    path = capture_path or os.environ.get("TSKERNELS_CAPTURE_SHAPES")
+    if (dev.type != "cuda" and timer is None) or not path or not Path(path).exists():
+        return None
+    from autotune import cuda_timer
+    tgt = _target(dev) or Target("cpu", "cpu", 1 << 30, 1)
+    kw = {"clock": clock} if clock is not None else {}
+    rep = tune_missing(capture.load(path), budget_s=float(window_s), device=str(dev),
+                       device_name=_device_name(dev), target=tgt, timer=timer or cuda_timer,
+                       tables=tables, **kw)
+    default_lookup().invalidate()
+    import logging
+    logging.getLogger("tskernels.tuning").info("%s", rep.summary())
+    return rep
