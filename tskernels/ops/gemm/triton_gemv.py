@@ -127,12 +127,20 @@ STREAM_CONFIGS = {
 }
 # programs per SM the split aims for (enough resident tiles to keep the DRAM queues full)
 TARGET_PROGRAMS_PER_SM = 4
-# programmatic dependent launch on sm_90+ CUDA (a module switch so benchmarks can time both)
+# programmatic dependent launch of the 16-bit kernel on sm_90+ CUDA (a module switch so
+# benchmarks can time both). H200, graph replay (benchmarks/RESULTS.md, issue 24 decode
+# section): 2-4 % faster on the 33-117 MB Llama projections (1 % slower on the 235 MB gate-up),
+# 4.90 -> 4.81 ms on the B=1 Llama decode step; the fp8 launches were 1-17 % slower with it,
+# so they keep plain launches.
 USE_PDL = True
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
-# and TARGET_PROGRAMS_PER_SM, where a per-shape sweep on the device measured a faster choice
-# (benchmarks/gemm_decode_ab.py)
-SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {}
+# and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
+# (benchmarks/gemm_decode_ab.py, M = 1): half the K splits on Llama-3-8B's o (13.6 -> 11.2 us)
+# and down (31.4 -> 30.0 us) projections
+SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {
+    (4096, 4096): (STREAM_CONFIGS[("16bit", 16)], 2),
+    (4096, 14336): (STREAM_CONFIGS[("16bit", 16)], 2),
+}
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
@@ -209,7 +217,7 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     a_s = x_scale if fp8 else dummy
     b_s = w_scale if fp8 else dummy
     grid = (triton.cdiv(n, cfg["BN"]), split)
-    pdl = _pdl(x.device)
+    pdl = not fp8 and _pdl(x.device)
     _stream_kernel[grid](
         w, x, out, r, ws, cnt, a_s, b_s, m, n, k, w.stride(0), x.stride(0), out.stride(0),
         r.stride(0), a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, k_split,
@@ -238,13 +246,12 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], uses_dot=True,
             aligned=aligned, label=f"{'fp8' if fp8 else 'bf16'} M<={mp}"
                                    f"{' split' if split else ''}{' +res' if res else ''}"))
-    # as launched on sm_90+ CUDA: a programmatic dependent launch (griddepcontrol)
-    pdl = dict(cases[-1].constexprs, PDL=True) if not fp8 else dict(cases[0].constexprs,
-                                                                   PDL=True)
-    base = cases[-1] if not fp8 else cases[0]
-    cases.append(CompileCase(_stream_kernel, sig, pdl, num_warps=base.num_warps,
-                             num_stages=base.num_stages, uses_dot=True, aligned=aligned,
-                             targets=_PDL_TARGETS, label=base.label + " pdl"))
+    if not fp8:  # as launched on sm_90+ CUDA: a programmatic dependent launch (griddepcontrol)
+        base = cases[-1]
+        cases.append(CompileCase(_stream_kernel, sig, dict(base.constexprs, PDL=True),
+                                 num_warps=base.num_warps, num_stages=base.num_stages,
+                                 uses_dot=True, aligned=aligned, targets=_PDL_TARGETS,
+                                 label=base.label + " pdl"))
     return cases
 
 
