@@ -123,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=list(DTYPE_ALIASES), default="auto",
                    help="weights and activations; auto: float32 on the CPU, bfloat16 on a GPU; "
                         "half = float16, float = float32 (default: %(default)s)")
-    e.add_argument("--quantization", choices=["auto", "none", "int8"], default="auto",
+    e.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
                    help="weight-only quantization: int8 keeps dense weights as int8 with a "
-                        "scale per row (CPU only); auto: int8 on the CPU when --dtype is auto, "
+                        "scale per row, int4 as 4-bit groups of 32 (CPU only); auto: int8 "
+                        "on the CPU when --dtype is auto, "
                         "else none (docs/CPU.md; default: %(default)s)")
     e.add_argument("--device", default="auto",
                    help="auto (a GPU when there is one), cpu, cuda or cuda:N (default: %(default)s)")

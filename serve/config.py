@@ -34,7 +34,8 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.85
     enable_prefix_caching: bool = True
     dtype: str = "auto"
-    # weight-only quantization: "auto" (int8 on the CPU when dtype is "auto"), "none", "int8"
+    # weight-only quantization: "auto" (int8 on the CPU when dtype is "auto"), "none", "int8",
+    # "int4" (4-bit groups of 32, int8 logits projection; CPU only)
     quantization: str = "auto"
     seed: int = 0
     device: str = "auto"
@@ -68,8 +69,8 @@ class EngineArgs:
             bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             bad("dtype", f"'auto' or one of {sorted(DTYPES)}")
-        if self.quantization not in ("auto", "none", "int8"):
-            bad("quantization", "'auto', 'none' or 'int8'")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            bad("quantization", "'auto', 'none', 'int8' or 'int4'")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             bad("threads", "a positive int or None")
         if isinstance(self.tune_window_s, bool) or not isinstance(self.tune_window_s, (int, float)) \

@@ -36,6 +36,7 @@ SAMPLING_EPS = 1e-5
 # ("torch_cpu": C++ decode for fp32 / bf16 caches, page gather + SDPA otherwise; not fp8).
 SERVE_POLICY = tskernels.KernelPolicy(
     {"gemm.mm": ("cpu_stream", "torch_native"), "gemm.int8w_mm": ("cpu_stream",),
+     "gemm.q4w_mm": ("cpu_stream",),
      "norm": ("cpu_native",),
      "activation": ("cpu_native",), "rope": ("cpu_native",), "attention": ("torch_cpu",)},
     name="serve")

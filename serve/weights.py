@@ -25,7 +25,8 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
                 seed: int = 0, quantization: str = "none"):
     """Instantiate `cls(cfg)` on `device` in `dtype` (fp32 where the model asks), then load the
     checkpoint directory, or random weights when it is None. quantization "int8": the dense
-    weights are then kept as int8 with per-row scales (serve.models.quant)."""
+    weights are then kept as int8 with per-row scales, "int4": as 4-bit groups of 32
+    (serve.models.quant)."""
     with torch.device(device):
         model = cls(cfg, device=device, max_position=max_position)
         block = fp8_block_size(cfg)
@@ -41,12 +42,13 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
         load_checkpoint(model, checkpoint)
     if hasattr(model, "post_load"):
         model.post_load()
-    if quantization == "int8":
+    if quantization in ("int8", "int4"):
         from .models import quant
 
-        quant.quantize_int8(model)
+        (quant.quantize_int8 if quantization == "int8" else quant.quantize_int4)(model)
     elif quantization != "none":
-        raise ValueError(f"quantization: expected 'none' or 'int8', got {quantization!r}")
+        raise ValueError(f"quantization: expected 'none', 'int8' or 'int4', got "
+                         f"{quantization!r}")
     return model.eval()
 
 

@@ -196,3 +196,24 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *,
     acc = torch.float64 if a.dtype == torch.float64 else torch.float32
     w = q.to(acc) * scale.to(acc)[:, None]
     return (a.to(acc) @ w.T).to(out_dtype or a.dtype)
+
+
+def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor, *,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Weight-only 4-bit GEMM: c = a @ W.T, W dequantized from groups of 32 along K.
+
+    Args:
+        a: [M, K] activations (fp32/bf16/fp16/fp64), K a multiple of 32.
+        q: [N, K / 2] uint8: group g of row n is q[n, 16g : 16g + 16]; byte j holds element
+            32g + j in its low nibble and element 32g + 16 + j in its high nibble.
+        scale, mins: [N, K / 32] float32; W[n, 32g + i] = scale[n, g] * nibble + mins[n, g].
+        out_dtype: dtype of c (default a.dtype).
+    Returns:
+        c [M, N]; computed in float32 (float64 for float64 a).
+    """
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    n, half = q.shape
+    g = q.view(n, half // 16, 16)
+    nib = torch.cat([g & 15, g >> 4], dim=2).to(acc)  # [N, groups, 32]
+    w = (nib * scale.to(acc)[..., None] + mins.to(acc)[..., None]).reshape(n, 2 * half)
+    return (a.to(acc) @ w.T).to(out_dtype or a.dtype)

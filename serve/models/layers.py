@@ -52,6 +52,7 @@ class Linear(nn.Module):
         self.weight_scale_inv = None  # float32 block scales once `to_fp8` ran
         self.block = 0
         self.int8 = None  # (int8 weight, float32 row scales) once quant.quantize_int8 ran
+        self.q4 = None  # (packed 4-bit weight, scales, mins) once quant.quantize_int4 ran
         self.shards: dict[str, tuple[int, int]] = {}
         if shard_names:
             off = 0
@@ -87,6 +88,8 @@ class Linear(nn.Module):
             y = y.view(*x.shape[:-1], y.shape[-1])
         elif self.int8 is not None:
             y = quant.int8w_mm(x, *self.int8)
+        elif self.q4 is not None:
+            y = quant.q4w_mm(x, *self.q4)
         else:
             y = ops.mm(x, self.weight)
         return y if self.bias is None else y + self.bias

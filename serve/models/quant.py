@@ -1,4 +1,4 @@
-"""Weight-only int8 serving on the CPU (`--quantization int8`).
+"""Weight-only int8 / 4-bit serving on the CPU (`--quantization int8` / `int4`).
 
 After the checkpoint is loaded, every dense Linear (and the logits projection, tied or not)
 gets int8 weights with one float32 scale per output row (tskernels.gemm.quantize_int8_per_channel)
@@ -16,7 +16,7 @@ from tskernels import fmt
 
 from . import bound_ops
 
-MODES = ("auto", "none", "int8")
+MODES = ("auto", "none", "int8", "int4")
 
 
 def resolve(mode: str, *, device: torch.device, dtype_arg: str) -> str:
@@ -26,8 +26,8 @@ def resolve(mode: str, *, device: torch.device, dtype_arg: str) -> str:
         raise ValueError(f"quantization: expected one of {MODES}, got {mode!r}")
     if mode == "auto":
         return "int8" if device.type == "cpu" and dtype_arg == "auto" else "none"
-    if mode == "int8" and device.type != "cpu":
-        raise ValueError("quantization: 'int8' (weight-only) runs on the CPU only; "
+    if mode in ("int8", "int4") and device.type != "cpu":
+        raise ValueError(f"quantization: {mode!r} (weight-only) runs on the CPU only; "
                          f"the engine's device is {device}")
     return mode
 
@@ -41,6 +41,36 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return k(a, q, scale, out_dtype=out_dtype)
 
 
+def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """c = a @ W.T, W 4-bit in groups of 32 (tskernels.gemm.q4w_mm), bound once."""
+    c = out_dtype or a.dtype
+    k = bound_ops.bind(("q4w_mm", a.dtype, c), "gemm", "q4w_mm",
+                       lambda: dict(formats={"a": fmt(a.dtype), "b": "uint4", "c": fmt(c)}))
+    return k(a, q, scale, mins, out_dtype=out_dtype)
+
+
+def quantize_int4(model) -> int:
+    """`--quantization int4`: as quantize_int8, but the dense Linears whose input width is a
+    multiple of 32 get 4-bit weights (tskernels.gemm.quantize_q4_groups: asymmetric, groups
+    of 32 along K, GGUF Q4_1's block with float32 scales); the others and the logits
+    projection stay int8 per row (the shipped GGUF keeps its tied embedding at 8 bits too).
+    Returns the weight bytes saved."""
+    from .layers import Linear
+
+    saved = 0
+    head = getattr(model, "lm_head", None)  # compute_logits reads an int8 head
+    for mod in model.modules():
+        if isinstance(mod, Linear) and mod is not head and mod.weight_scale_inv is None \
+                and mod.weight.dim() == 2 and not getattr(mod, "keep_dense", False) \
+                and mod.weight.shape[1] % 32 == 0:
+            w = mod.weight
+            mod.q4 = tskernels.gemm.quantize_q4_groups(w)
+            saved += w.numel() * w.element_size() - w.numel() // 2 - w.numel() // 4
+            mod.weight = torch.nn.Parameter(w.new_empty(0, w.shape[1]), requires_grad=False)
+    return saved + quantize_int8(model)
+
+
 def quantize_int8(model) -> int:
     """Quantize the model's dense Linears and its logits projection in place; returns the
     number of weight bytes saved (float weights freed minus int8 + scales kept)."""
@@ -51,7 +81,7 @@ def quantize_int8(model) -> int:
         # keep_dense: Linears whose float weight is read directly (a router's fp32 logits,
         # MLA's kv_b_proj absorbed at load)
         if isinstance(mod, Linear) and mod.weight_scale_inv is None and mod.weight.dim() == 2 \
-                and not getattr(mod, "keep_dense", False):
+                and not getattr(mod, "keep_dense", False) and mod.weight.numel() > 0:
             w = mod.weight
             mod.int8 = tskernels.gemm.quantize_int8_per_channel(w)
             saved += w.numel() * w.element_size() - w.numel() - 4 * w.shape[0]

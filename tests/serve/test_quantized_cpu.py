@@ -96,4 +96,4 @@ def test_quantization_resolution_and_bad_values():
     with pytest.raises(ValueError, match="CPU only"):
         quant.resolve("int8", device=torch.device("cuda"), dtype_arg="auto")
     with pytest.raises(ValueError, match="quantization"):
-        Engine("default", device="cpu", quantization="int4")
+        Engine("default", device="cpu", quantization="int3")

@@ -19,6 +19,8 @@
 
 #include "cpu_common.h"
 
+#include <type_traits>
+
 namespace {
 
 inline float widen(int8_t x) { return static_cast<float>(x); }
@@ -32,6 +34,33 @@ struct Args {
   float* c;
   int64_t m, n, k, lda, ldb, ldc;
 };
+
+// 4-bit weights: b [N, ldb bytes] with K / 2 packed bytes per row, scale / mins [N, K / 32].
+struct Q4Args {
+  const float* a;
+  const uint8_t* b;
+  const float* scale;
+  const float* mins;
+  float* c;
+  int64_t m, n, k, lda, ldb, ldc, groups;
+};
+
+void rows_portable(const Q4Args& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t i = 0; i < p.m; ++i) {
+      const float* x = p.a + i * p.lda;
+      float s = 0;
+      for (int64_t g = 0; g < p.groups; ++g) {
+        const uint8_t* w = p.b + n * p.ldb + 16 * g;
+        const float d = p.scale[n * p.groups + g], o = p.mins[n * p.groups + g];
+        for (int j = 0; j < 16; ++j) {
+          s += x[32 * g + j] * (d * static_cast<float>(w[j] & 15) + o);
+          s += x[32 * g + 16 + j] * (d * static_cast<float>(w[j] >> 4) + o);
+        }
+      }
+      p.c[i * p.ldc + n] = s;
+    }
+}
 
 template <typename WT>
 void rows_portable(const Args<WT>& p, int64_t n0, int64_t n1) {
@@ -52,6 +81,9 @@ void rows_portable(const Args<WT>& p, int64_t n0, int64_t n1) {
 // NB weight vectors + one A vector fit in 32 (AVX-512) / 16 (AVX2, NEON pairs) registers.
 constexpr int nb_wide(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 4 : 2; }
 constexpr int nb_narrow(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 3 : mb <= 6 ? 2 : 1; }
+// 4-bit weights: NB groups held widened (NB * 32 / W registers) next to MB * NB accumulators
+constexpr int nb4_wide(int mb) { return mb == 1 ? 8 : mb <= 4 ? 4 : 2; }
+constexpr int nb4_narrow(int mb) { return mb == 1 ? 3 : mb == 2 ? 2 : 1; }
 #ifndef TSK_AVX2_MG
 #define TSK_AVX2_MG 6
 #endif
@@ -62,6 +94,7 @@ struct SimdAvx512 {
   using V = __m512;
   static constexpr int W = 16, MG = 8;
   static constexpr int nb(int mb) { return nb_wide(mb); }
+  static constexpr int nb4(int mb) { return nb4_wide(mb); }
   TSK_TGT static V zero() { return _mm512_setzero_ps(); }
   TSK_TGT static V lx(const float* p) { return _mm512_loadu_ps(p); }
   TSK_TGT static V lw(const float* p) { return _mm512_loadu_ps(p); }
@@ -72,6 +105,13 @@ struct SimdAvx512 {
   TSK_TGT static V lw(const int8_t* p) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+  }
+  TSK_TGT static void lq4(const uint8_t* p, float d, float m, V* out) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m);
+    out[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(e, _mm512_set1_epi32(15))), dv,
+                             mv);
+    out[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(e, 4)), dv, mv);
   }
   TSK_TGT static V fma(V x, V w, V acc) { return _mm512_fmadd_ps(x, w, acc); }
   TSK_TGT static float hsum(V v) { return _mm512_reduce_add_ps(v); }
@@ -87,6 +127,7 @@ struct SimdAvx2 {
   using V = __m256;
   static constexpr int W = 8, MG = TSK_AVX2_MG;
   static constexpr int nb(int mb) { return nb_narrow(mb); }
+  static constexpr int nb4(int mb) { return nb4_narrow(mb); }
   TSK_TGT static V zero() { return _mm256_setzero_ps(); }
   TSK_TGT static V lx(const float* p) { return _mm256_loadu_ps(p); }
   TSK_TGT static V lw(const float* p) { return _mm256_loadu_ps(p); }
@@ -97,6 +138,16 @@ struct SimdAvx2 {
   TSK_TGT static V lw(const int8_t* p) {
     const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  }
+  TSK_TGT static void lq4(const uint8_t* p, float d, float m, V* out) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i e0 = _mm256_cvtepu8_epi32(v), e1 = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+    const __m256i f = _mm256_set1_epi32(15);
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(e0, f)), dv, mv);
+    out[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(e1, f)), dv, mv);
+    out[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(e0, 4)), dv, mv);
+    out[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(e1, 4)), dv, mv);
   }
   TSK_TGT static V fma(V x, V w, V acc) { return _mm256_fmadd_ps(x, w, acc); }
   TSK_TGT static float hsum(V v) {
@@ -122,6 +173,7 @@ struct SimdNeon {
   };
   static constexpr int W = 8, MG = TSK_AVX2_MG;
   static constexpr int nb(int mb) { return nb_narrow(mb); }
+  static constexpr int nb4(int mb) { return nb4_narrow(mb); }
   static V zero() { return {vdupq_n_f32(0.f), vdupq_n_f32(0.f)}; }
   static V lx(const float* p) { return {vld1q_f32(p), vld1q_f32(p + 4)}; }
   static V lw(const float* p) { return lx(p); }
@@ -135,6 +187,20 @@ struct SimdNeon {
     return {vcvtq_f32_s32(vmovl_s16(vget_low_s16(v))),
             vcvtq_f32_s32(vmovl_s16(vget_high_s16(v)))};
   }
+  static V q8(uint8x8_t b, float32x4_t dv, float32x4_t mv) {
+    const uint16x8_t h = vmovl_u8(b);
+    return {vfmaq_f32(mv, vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), dv),
+            vfmaq_f32(mv, vcvtq_f32_u32(vmovl_u16(vget_high_u16(h))), dv)};
+  }
+  static void lq4(const uint8_t* p, float d, float m, V* out) {
+    const uint8x16_t v = vld1q_u8(p);
+    const uint8x16_t lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
+    const float32x4_t dv = vdupq_n_f32(d), mv = vdupq_n_f32(m);
+    out[0] = q8(vget_low_u8(lo), dv, mv);
+    out[1] = q8(vget_high_u8(lo), dv, mv);
+    out[2] = q8(vget_low_u8(hi), dv, mv);
+    out[3] = q8(vget_high_u8(hi), dv, mv);
+  }
   static V fma(V x, V w, V acc) {
     return {vfmaq_f32(acc.lo, x.lo, w.lo), vfmaq_f32(acc.hi, x.hi, w.hi)};
   }
@@ -146,6 +212,9 @@ using S = SimdNeon;
 }  // namespace k_neon
 #undef TSK_TGT
 #endif  // TSK_NEON
+
+template <typename P>
+void run_split(const P& p, Isa isa);
 
 template <typename WT>
 void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
@@ -162,7 +231,13 @@ void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m
       for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
     return;
   }
-  const Isa isa = vector ? cpu_isa() : Isa::scalar;
+  run_split(p, vector ? cpu_isa() : Isa::scalar);
+}
+
+// Rows of B split over threads, each slice run by the ISA's kernel (P: Args<WT> or Q4Args).
+template <typename P>
+void run_split(const P& p, Isa isa) {
+  const int64_t n = p.n, k = p.k;
   nb::gil_scoped_release nogil;
   // Split N in 64-row-aligned slices over OpenMP threads: the same runtime and thread team as
   // torch's intra-op pool (torch loads libgomp first), so the two never oversubscribe the
@@ -212,9 +287,34 @@ void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m,
   gemm_impl<int8_t>(a, b, scale, c, m, n, k, lda, ldb, ldc, vector);
 }
 
+// C[M, N] = A[M, K] . W^T with 4-bit weights: b [N, ldb] bytes (K / 2 used per row),
+// scale / mins float32 [N, K / 32] contiguous; K a multiple of 32.
+void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr_t c, int64_t m,
+              int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+  if (m < 0 || n < 0 || k < 0 || m > 16)
+    throw std::invalid_argument("gemm_q4w: need 0 <= M <= 16 and N, K >= 0");
+  if (k % 32) throw std::invalid_argument("gemm_q4w: K must be a multiple of 32");
+  if (lda < k || ldb < k / 2 || ldc < n) throw std::invalid_argument("gemm_q4w: bad leading dims");
+  if (scale == 0 || mins == 0) throw std::invalid_argument("gemm_q4w: null scale or mins");
+  const Q4Args p{reinterpret_cast<const float*>(a), reinterpret_cast<const uint8_t*>(b),
+                 reinterpret_cast<const float*>(scale), reinterpret_cast<const float*>(mins),
+                 reinterpret_cast<float*>(c), m, n, k, lda, ldb, ldc, k / 32};
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
+    return;
+  }
+  run_split(p, vector ? cpu_isa() : Isa::scalar);
+}
+
 }  // namespace
 
 void bind_gemm(nb::module_& mod) {
+  mod.def("gemm_q4w", &gemm_q4w, nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("mins"),
+          nb::arg("c"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("lda"),
+          nb::arg("ldb"), nb::arg("ldc"), nb::arg("vector") = true,
+          "C[M,N] = A[M,K] . W^T, W 4-bit in groups of 32 along K (w = scale * q + min).");
   mod.def("gemm_f32", &gemm_f32, nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
           nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"), nb::arg("ldc"),
           nb::arg("vector") = true,

@@ -20,10 +20,11 @@ from . import cpu_stream, reference, torch_native  # noqa: F401  (register backe
 from . import triton_fp8, triton_gemv, triton_mm  # noqa: F401  (register backends)
 from . import cuda_mm_sm100  # noqa: F401  (Blackwell tcgen05: compiled, not run)
 from .int8w import int8w_mm, quantize_int8_per_channel
+from .q4w import q4w_mm, quantize_q4_groups
 
-__all__ = ["fp8_block_mm", "gemv", "int8w_mm", "mm", "quantize_fp8_block",
+__all__ = ["fp8_block_mm", "gemv", "int8w_mm", "mm", "q4w_mm", "quantize_fp8_block",
            "quantize_fp8_per_channel", "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
-           "quantize_int8_per_channel", "silu_and_mul_quantize_fp8"]
+           "quantize_int8_per_channel", "quantize_q4_groups", "silu_and_mul_quantize_fp8"]
 
 GEMV_MAX_M = 16
 SCALE_DTYPES = (torch.float32, torch.float64)

@@ -105,3 +105,33 @@ if _cpu is not None:
         _cpu.gemm_i8w(x.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(), m, n, k,
                       x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k, n)
         return _convert(c, out_dtype)
+
+    @register("gemm", "q4w_mm", backend=BACKEND, capability=CPU_SIMD, band="portable",
+              run_verified=("cpu",), opt_in=True, tags=("deterministic",),
+              formats={"a": ("fp32", "bf16"), "b": ("uint4",), "c": ("fp32", "bf16")})
+    def q4w_mm(a, q, scale, mins, *, out_dtype=None):
+        """c = a @ W.T, 4-bit W (groups of 32) widened as streamed for M <= 16; dequantized
+        into torch.mm above (prefill is compute-bound)."""
+        out_dtype = out_dtype or a.dtype
+        if a.shape[0] > MAX_M:
+            return _convert(torch.mm(a.float(), _dequant_q4(q, scale, mins).t()), out_dtype)
+        x = a if a.dtype == torch.float32 else a.float()
+        if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
+            x = x.contiguous()
+        if q.stride(-1) != 1 or (q.shape[0] > 1 and q.stride(0) < q.shape[1]):
+            q = q.contiguous()
+        s, mn = scale.contiguous(), mins.contiguous()
+        m, k = x.shape
+        n = q.shape[0]
+        c = torch.empty(m, n, dtype=torch.float32)
+        _cpu.gemm_q4w(x.data_ptr(), q.data_ptr(), s.data_ptr(), mn.data_ptr(), c.data_ptr(), m,
+                      n, k, x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k // 2, n)
+        return _convert(c, out_dtype)
+
+
+def _dequant_q4(q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """float32 W [N, K] from the packed 4-bit layout (see gemm.q4w_mm)."""
+    n, half = q.shape
+    g = q.view(n, half // 16, 16)
+    nib = torch.cat([g & 15, g >> 4], dim=2).to(torch.float32)
+    return (nib * scale[..., None] + mins[..., None]).reshape(n, 2 * half)
