@@ -7,6 +7,9 @@ Examples:
     # the attention benchmarks of a GPU session, eager and CUDA-graph replay, one JSON each:
     tskernels-bench attention.decode attention.extend mla.decode --modes eager,graph \
         --json-dir $OUT
+    # tune (autotune): every declared space matching the ops, on their bench shapes
+    tskernels-bench --tune gemm.mm norm [--repeat] [--limit 24] [--json tuned.json]
+    tskernels-bench --tune                   # every kernel with a declared space
 """
 from __future__ import annotations
 
@@ -76,7 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write results as JSON to FILE ('-' for stdout; a list "
                                    "when several runs)")
     ap.add_argument("--json-dir", help="write each run to DIR/<family>_<op>[_graph].json")
+    ap.add_argument("--tune", action="store_true",
+                    help="tune the ops' kernels (autotune spaces, their bench shapes unless "
+                         "--shapes) into the user table instead of benchmarking")
+    ap.add_argument("--repeat", action="store_true",
+                    help="with --tune: re-tune without saving, report changed picks")
+    ap.add_argument("--limit", type=int, help="with --tune: at most N configs per bucket")
     args = ap.parse_args(argv)
+    if args.tune:
+        return _tune(args)
     table = benches()
     if args.list or not args.op:
         for name, b in table.items():
@@ -115,6 +126,31 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def _tune(args) -> int:
+    """--tune: `python -m autotune tune` for each op (every declared space when none)."""
+    import tskernels.ops  # noqa: F401  (declares the spaces)
+    from autotune import spaces
+    from autotune.__main__ import main as autotune_main
+    ops = args.op or sorted({k.rsplit(".", 1)[0] for k in spaces()})
+    shapes = parse_shapes(args.shapes)
+    rc = 0
+    for i, op in enumerate(ops):
+        argv = ["tune", op]
+        if shapes:
+            argv += ["--shapes", *(",".join(f"{k}={v}" for k, v in s.items()) for s in shapes)]
+        if args.repeat:
+            argv.append("--repeat")
+        if args.limit:
+            argv += ["--limit", str(args.limit)]
+        if args.device:
+            argv += ["--device", args.device]
+        if args.json and args.json != "-":
+            argv += ["--json", args.json if len(ops) == 1 else
+                     f"{Path(args.json).with_suffix('')}.{op}.json"]
+        rc = max(rc, autotune_main(argv))
+    return rc
 
 
 if __name__ == "__main__":
