@@ -130,8 +130,8 @@ TARGET_PROGRAMS_PER_SM = 4
 # programmatic dependent launch of the 16-bit kernel on sm_90+ CUDA (a module switch so
 # benchmarks can time both). H200, graph replay (benchmarks/RESULTS.md, issue 24 decode
 # section): 2-4 % faster on the 33-117 MB Llama projections (1 % slower on the 235 MB gate-up),
-# 4.90 -> 4.81 ms on the B=1 Llama decode step; the fp8 launches were 1-17 % slower with it,
-# so they keep plain launches.
+# 4.90 -> 4.81 ms on the B=1 Llama decode step; fp8 launches at M <= 16 were 2-21 % slower
+# with it (M = 64: 0.5-3.5 % faster), so fp8 keeps plain launches.
 USE_PDL = True
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
 # and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
