@@ -82,6 +82,10 @@ class CudaGraphs:
         dev = runner.device
         max_bs = min(max_num_seqs, max_bs)
         self.sizes = graph_batch_sizes(max_bs)
+        # rows -> the graph size that takes them (0: none)
+        self._size_of = np.zeros(max_bs + 1, dtype=np.int64)
+        for r in range(max_bs, 0, -1):
+            self._size_of[r] = next(s for s in self.sizes if s >= r)
         width = math.ceil(runner.max_model_len / runner.page_size)
         self._header, self._row_bytes = _HEADER_BYTES * max_bs, 4 * width
         nbytes = self._header + max_bs * self._row_bytes
@@ -135,10 +139,10 @@ class CudaGraphs:
         """(logits [R, V] fp32, greedy token ids [R] int32) of a decode-only plan, on the
         device, or None when no graph fits it."""
         rows = len(plan.request_ids)
-        bs = next((s for s in self.sizes if s >= rows), None)
+        bs = int(self._size_of[rows]) if 0 < rows < len(self._size_of) else 0
         table = np.asarray(plan.page_table)
         width = table.shape[1]
-        if bs is None or width > self.page_table.shape[1]:
+        if not bs or width > self.page_table.shape[1]:
             return None
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the previous upload has left the host buffer

@@ -281,7 +281,7 @@ class Engine:
         if plan.num_decode == n and not self._num_special:
             # decode-only and every live request greedy without logprobs / logits processing:
             # nothing per row to prepare (each was scheduled before: its prefill)
-            return plan, self.runner.launch(plan, None, greedy_only=True)
+            return plan, self.runner.launch_greedy_decode(plan)
         sample = np.asarray(plan.sample)
         cached = np.asarray(plan.cached_lens)
         seq_lens = np.asarray(plan.seq_lens)

@@ -86,8 +86,11 @@ class PendingStep:
         if self._done is None:
             if self._event is not None:
                 self._event.synchronize()
-            token_ids = np.zeros(self._rows, dtype=np.int32)
-            token_ids[self._sample_rows] = self._host.numpy()
+            if len(self._sample_rows) == self._rows:   # every row sampled (decode steps)
+                token_ids = self._host.numpy().copy()
+            else:
+                token_ids = np.zeros(self._rows, dtype=np.int32)
+                token_ids[self._sample_rows] = self._host.numpy()
             self._done = StepResult(token_ids, None, None, self._sample_rows)
             self._runner.timeline.ids_ready()
         return self._done
@@ -120,6 +123,8 @@ class ModelRunner:
         self._ids_host = [torch.zeros(max(args.max_num_seqs, 1), dtype=torch.int32,
                                       pin_memory=pinned) for _ in range(2)]
         self._ids_flip = 0
+        self._ids_events = [torch.cuda.Event() for _ in range(2)] if pinned else None
+        self._rows = np.arange(max(args.max_num_seqs, 1))
         self.graphs = None
         # autotune: shape capture, and the bounded tuning window before any graph exists
         from tskernels.tuning import engine_start
@@ -184,6 +189,17 @@ class ModelRunner:
         """Execute `plan` and wait for its sampled ids (`launch(...).result()`)."""
         return self.launch(plan, requests, process).result()
 
+    def launch_greedy_decode(self, plan) -> PendingStep:
+        """`launch(plan, None, greedy_only=True)` for a decode-only plan whose rows are all
+        greedy, with the least host work between two replays: a graph replay selects no kernel
+        and records nothing autograd could see, so neither the kernel policy nor inference
+        mode is entered (the eager fallback enters both)."""
+        num_rows = len(plan.request_ids)
+        got = self.graphs.run(plan) if self.graphs is not None else None
+        if got is None:
+            return self.launch(plan, None, greedy_only=True)
+        return self._pending(got[1], num_rows, self._rows[:num_rows], graph_step=True)
+
     @torch.inference_mode()
     @_under_policy
     def launch(self, plan, requests: list[SampleRequest | None] | None, process=None,
@@ -240,9 +256,9 @@ class ModelRunner:
         if self.device.type != "cuda":
             return PendingStep(self, num_rows, sample_rows, host_ids=ids.to(torch.int32))
         buf = self._ids_host[self._ids_flip][:len(ids)]
+        event = self._ids_events[self._ids_flip]
         self._ids_flip ^= 1
         buf.copy_(ids, non_blocking=True)
-        event = torch.cuda.Event()
         event.record()
         self.timeline.end(graph_step=graph_step)
         return PendingStep(self, num_rows, sample_rows, host_ids=buf, event=event)

@@ -32,13 +32,22 @@ class StepTimeline:
         self._ids_ready_at: float | None = None   # perf_counter when the last ids were read
         self._begin = None
         self._bs = 0
+        # events are reused round-robin (one is resolved a step after it is recorded); new
+        # ones each step would cost their creation inside the gap being measured
+        self._ring = [torch.cuda.Event(enable_timing=True) for _ in range(8)] if enabled else []
+        self._next = 0
+
+    def _event(self):
+        ev = self._ring[self._next]
+        self._next = (self._next + 1) % len(self._ring)
+        ev.record()
+        return ev
 
     def begin(self, bs: int) -> None:
         """Called right before a decode-graph replay of batch size `bs`."""
         if not self.enabled:
             return
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
+        ev = self._event()
         if self._ids_ready_at is not None:
             us = (time.perf_counter() - self._ids_ready_at) * 1e6
             self._host.setdefault(bs, deque(maxlen=self.keep)).append(us)
@@ -55,9 +64,7 @@ class StepTimeline:
             self._prev_end = self._begin = None
             self._ids_ready_at = None
             return
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self._prev_end, self._begin = ev, None
+        self._prev_end, self._begin = self._event(), None
 
     def ids_ready(self) -> None:
         """Called when a step's sampled ids reached the host (its events have completed)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -56,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--api-key")
     a.add_argument("--concurrency", type=_ints, default=[1], help="sessions at once, a sweep: 1,4,16")
     a.add_argument("--sessions", type=int, default=None,
-                   help="sessions per concurrency point (default: 2 x concurrency)")
+                   help="sessions per concurrency point (default: --sessions-factor x concurrency)")
+    a.add_argument("--sessions-factor", type=float, default=2.0,
+                   help="without --sessions: sessions per point = this x concurrency (at least 1)")
     a.add_argument("--duration", type=float, default=600.0, help="seconds per concurrency point (cap)")
     a.add_argument("--arrival-rate", type=float, default=0.0,
                    help="sessions arriving per second (Poisson); 0: all at once")
@@ -94,7 +97,8 @@ def _make_sessions(args):
     def make(c: int):
         # A fresh seed per point: one point's sessions cannot hit the cache another one filled.
         return sessions.synthetic_sessions(
-            args.sessions or 2 * c, seed=args.seed * 1_000_003 + c, system_tokens=args.system_tokens,
+            args.sessions or max(1, round(args.sessions_factor * c)),
+            seed=args.seed * 1_000_003 + c, system_tokens=args.system_tokens,
             context_tokens=args.context_tokens, turns=args.turns, turn_tokens=args.turn_tokens,
             output_tokens=args.output_tokens, think_time_s=args.think_time)
     return make
@@ -109,8 +113,18 @@ def run_agentic(args) -> dict:
                             endpoint=args.endpoint)
     make = _make_sessions(args)
     runs = []
+    result = {"benchmark": "agentic", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "command": "python -m serve.bench " + " ".join(sys.argv[1:]),
+              "config": {k: v for k, v in vars(args).items() if k not in ("api_key",)},
+              "runs": runs}
+
+    def save(partial=None):
+        if args.json:
+            data = dict(result, runs=runs + [partial]) if partial else result
+            Path(args.json).write_text(json.dumps(data, indent=1, default=str))
+
     if args.url:
-        runs.append(agentic.sweep(cfg, make, args.concurrency, args.label or args.url, log))
+        runs.append(agentic.sweep(cfg, make, args.concurrency, args.label or args.url, log, save))
     else:
         variants = [(args.label or "prefix cache on", args.launch)]
         if args.ablation:
@@ -118,11 +132,7 @@ def run_agentic(args) -> dict:
         for label, launch in variants:
             with agentic.LocalServer(launch, log_path=args.server_log) as server:
                 cfg.url = server.url
-                runs.append(agentic.sweep(cfg, make, args.concurrency, label, log))
-    result = {"benchmark": "agentic", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-              "command": "python -m serve.bench " + " ".join(sys.argv[1:]),
-              "config": {k: v for k, v in vars(args).items() if k not in ("api_key",)},
-              "runs": runs}
+                runs.append(agentic.sweep(cfg, make, args.concurrency, label, log, save))
     for run in runs:
         best = report.best_under_line(run["points"])
         run["best_under_line"] = None if best is None else {
@@ -134,7 +144,12 @@ def run_agentic(args) -> dict:
     return result
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)   # unwinds LocalServer: a launched server is stopped too
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = _parser().parse_args(argv)
     if args.cmd == "plot":
         report.pareto_plot(report.load_runs(args.results), args.output, title=args.title)

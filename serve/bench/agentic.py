@@ -171,8 +171,9 @@ class LocalServer:
 
 
 def sweep(cfg: RunConfig, make_sessions, concurrencies: list[int], label: str,
-          progress=print) -> dict:
-    """One run: every concurrency point with fresh sessions from `make_sessions(concurrency)`."""
+          progress=print, on_point=None) -> dict:
+    """One run: every concurrency point with fresh sessions from `make_sessions(concurrency)`;
+    `on_point(run so far)` after each point (partial results survive a cut-off run)."""
     points = []
     for c in concurrencies:
         t0 = time.perf_counter()
@@ -181,4 +182,6 @@ def sweep(cfg: RunConfig, make_sessions, concurrencies: list[int], label: str,
         progress(f"[{label}] concurrency {c}: {m['ok']}/{m['requests']} requests ok in "
                  f"{time.perf_counter() - t0:.1f} s")
         points.append(point)
+        if on_point is not None:
+            on_point({"label": label, "points": points})
     return {"label": label, "points": points}

@@ -100,8 +100,9 @@ def _fake_graphs(monkeypatch, engine):
             self.step, self.out, self.replays = step, out, 0
 
         def replay(self):
-            for dst, src in zip(self.out, self.step()):
-                dst.copy_(src)
+            with torch.inference_mode():   # a real replay needs no mode; a re-run does
+                for dst, src in zip(self.out, self.step()):
+                    dst.copy_(src)
             self.replays += 1
 
     def capture(step, pool):
@@ -178,7 +179,6 @@ def test_gpu_overlap_and_graph_sampling_equal():
               num_kv_pages=512, page_size=16)
     plain = Engine("dummy:tiny-llama", **kw, overlap_schedule=False)
     overlap = Engine("dummy:tiny-llama", **kw, overlap_schedule=True)
-    eager = Engine("dummy:tiny-llama", **kw, cuda_graphs=False, overlap_schedule=False)
     assert overlap.runner.graphs is not None, "CUDA graph capture failed (see the log)"
     prompts = _prompts(6, 12)
     greedy = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 12
@@ -188,9 +188,12 @@ def test_gpu_overlap_and_graph_sampling_equal():
     _same(a, b)
     tl = overlap.step_timeline()
     assert tl["gpu_gap_us"]["n"] > 10 and tl["gpu_gap_us"]["p50"] > 0, tl
-    sampled = [SamplingParams(max_tokens=24, temperature=0.8, top_k=50, top_p=0.95,
-                              min_p=0.01, seed=100 + i, ignore_eos=True) for i in range(12)]
-    c = _drive(overlap, prompts, sampled, add_at)     # sampler inside the decode graphs
-    d = _drive(eager, prompts, sampled, add_at)       # eager sampler, same kernel
-    _same(c, d)
+    # seeded sampling inside the decode graphs, and the same draws by the eager sampler on
+    # the graphs' logits (logprobs=0 takes that path); a graph-free engine is not compared
+    # exactly: its bf16 logits differ in the last bits, and so can a draw
+    sampled = [dict(max_tokens=24, temperature=0.8, top_k=50, top_p=0.95, min_p=0.01,
+                    seed=100 + i, ignore_eos=True) for i in range(12)]
+    c = _drive(overlap, prompts, [SamplingParams(**p) for p in sampled], add_at)
+    d = _drive(plain, prompts, [SamplingParams(logprobs=0, **p) for p in sampled], add_at)
+    assert [t for t, _, _ in c] == [t for t, _, _ in d]
     assert len({tuple(t) for t, _, _ in c}) > 1
