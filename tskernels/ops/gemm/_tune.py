@@ -57,8 +57,11 @@ def _tile_prune(cfg, p, target, elem: int) -> str | None:
         smem = max(1, cfg["num_stages"] - 1) * (bm + bn) * bk * elem
     else:
         smem = cfg["num_stages"] * (bm + bn) * bk * elem + bm * bn * 2
+    ctas = cfg.get("CTAS_PER_SM", 1)  # CTAs resident together on one SM (persistent grid)
     if smem > target.smem_bytes:
         return f"{smem} B of operand stages + epilogue exceed {target.smem_bytes} B"
+    if ctas > 1 and ctas * (smem + 1024) > target.smem_bytes + 1024:
+        return f"{ctas} CTAs of {smem} B of shared memory do not fit one SM"
     regs = bm * bn // (cfg["num_warps"] * target.warp_size)
     if regs > (256 if target.vendor == "amd" else 128):  # CDNA: 512 VGPRs a lane (+AGPRs)
         return f"{regs} fp32 accumulator registers per thread"
@@ -161,7 +164,7 @@ GEMV = declare(KernelSpace(
 FP8_MM = declare(KernelSpace(
     "gemm.fp8_block_mm.triton",
     Space(BM=[64, 128], BN=[64, 128], BK=[FP8_BLOCK], GROUP_M=[8], num_stages=[2, 3, 4, 5],
-          num_warps=[4, 8]),
+          num_warps=[4, 8], CTAS_PER_SM=[1, 2]),
     key=lambda p: _key(p, pow2_bucket),
     heuristic=lambda p: _mm().pick(_mm().FP8_CONFIGS, p["M"]),
     prune=lambda cfg, p, t: _tile_prune(cfg, p, t, 1),
