@@ -328,3 +328,133 @@ def test_gemm_tcgen05_host_logic():
         ov = registry.config.resolve("gemm", "mm", None, None, allow)
         chosen, _ = registry._decide("gemm", "mm", b200, fm, {}, ov)
         assert (chosen.backend == "cuda_tcgen05") is allow, (allow, chosen.backend)
+
+
+# ---- gemm.mm.cuda_tcgen05_2cta (tskernels/ops/gemm/cuda/gemm_tcgen05_2cta.cu): CTA pairs ----
+# SASS of the pair forms: m256n256k16 MMAs (UTCHMMA.2CTA), multicast commits (UTCBAR.2CTA),
+# TMA copies completing on the even CTA's barrier (UTMALDG.2D.2CTA), the pair's TMEM
+# allocation (UTCATOMSWS.2CTA) and cluster barriers (UCGABAR); no one-CTA MMA may remain
+PAIR_SASS = {"UTCHMMA.2CTA": 12, "UTCBAR.2CTA.MULTICAST": 4}
+PAIR_PRESENT = ("UTMALDG.2D.2CTA", "UTCATOMSWS.2CTA", "UCGABAR_WAIT", "LDTM")
+
+
+def _pair_sass_ok(sass: str, what) -> dict:
+    counts = {k: len(re.findall(rf"\b{re.escape(k)}\b", sass)) for k in (*PAIR_SASS,
+                                                                         *PAIR_PRESENT)}
+    for k, n in PAIR_SASS.items():
+        assert counts[k] == n, (what, counts)
+    assert all(counts[k] for k in PAIR_PRESENT), (what, counts)
+    assert not re.search(r"\bUTCHMMA(?!\.2CTA)\b", sass), (what, "a one-CTA MMA")
+    return counts
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gemm_tcgen05_2cta_nvcc_and_nvrtc(arch, tmp_path):
+    """nvcc (ptxas -v) and the runtime's NVRTC path build every dtype variant of the pair
+    kernel: the 2-CTA instruction forms in the SASS, no spills / local memory, registers
+    within blackwell_resources.json."""
+    from tskernels.ops.gemm import cuda_mm_sm100_2cta as g
+    recorded = json.loads(RESOURCES.read_text())
+    sm = arch.removeprefix("sm_")
+    rows = []
+    for build, (fp16, out16) in GEMM_BUILDS.items():
+        cub = subprocess.run([NVCC, *g.nvcc_options(fp16, out16),
+                              f"-gencode=arch=compute_{sm},code={arch}", "-cubin", "-Xptxas",
+                              "-v", str(g.SOURCE), "-o", str(tmp_path / "g.cubin")],
+                             capture_output=True, text=True)
+        assert cub.returncode == 0, cub.stderr[-3000:]
+        sass = _sass(tmp_path / "g.cubin")
+        regs = int(re.search(r"Used (\d+) registers", cub.stderr).group(1))
+        spill = int(re.search(r"(\d+) bytes spill stores", cub.stderr).group(1))
+        r = dict(kernel="gemm_tcgen05_2cta", build=f"gemm2cta_{build}", target=arch,
+                 compiler="nvcc", registers=regs, spill_bytes=spill, smem_bytes=g.smem_bytes(),
+                 sass=_pair_sass_ok(sass, (build, arch)))
+        rows.append(r)
+        assert spill == 0, r
+        rec = recorded[f"gemm2cta_{build}:{arch}"]
+        assert regs <= rec["registers"] and spill <= rec["spill_bytes"], (r, rec)
+    _record(rows)
+    cuda_driver = _nvrtc()
+    for build, (fp16, out16) in GEMM_BUILDS.items():
+        path = tmp_path / "n.cubin"
+        path.write_bytes(cuda_driver.nvrtc_cubin(g.SOURCE.read_text(), g.SOURCE.name,
+                                                 g.nvcc_options(fp16, out16), arch))
+        _pair_sass_ok(_sass(path), (build, arch, "nvrtc"))
+        res = subprocess.run([CUOBJDUMP, "-res-usage", str(path)], capture_output=True,
+                             text=True).stdout
+        assert re.search(r"\bLOCAL:0\b", res), res
+
+
+def test_gemm_tcgen05_2cta_budgets_and_constants():
+    """The .cu's constants are the launcher's; shared memory per CTA and tensor memory per SM
+    within sm_100's limits (227 KB, 512 columns x 128 lanes); the pair stages a third less per
+    K step than the one-CTA kernel for the same MMA work per CTA."""
+    from tskernels.ops.gemm import cuda_mm_sm100 as g1, cuda_mm_sm100_2cta as g
+    text = g.SOURCE.read_text()
+    d = {m.group(1): m.group(2) for m in re.finditer(r"^#define (\w+) (\S+)", text, re.M)}
+    assert (int(d["BM"]), int(d["BN"]), int(d["BN_HALF"]), int(d["BK"]), int(d["STAGES"]),
+            int(d["THREADS"]), int(d["TMEM_COLS"])) == \
+        (g.BLOCK_M, g.BLOCK_N, g.B_ROWS, g.BLOCK_K, g.STAGES, g.THREADS, g.TMEM_COLUMNS)
+    assert re.search(r"__cluster_dims__\(2, 1, 1\)", text) and g.CLUSTER == 2
+    assert re.search(r"__launch_bounds__\(THREADS, 1\)", text)
+    assert g.stage_bytes() == 32 * 1024 and g.full_barrier_bytes() == 64 * 1024
+    assert "2 * STAGE_BYTES" in text  # what the even CTA's full barrier expects
+    assert g.smem_bytes() == 7 * 32 * 1024 + 1152 <= g.SM100_SMEM_PER_BLOCK
+    assert g.smem_bytes() + g.stage_bytes() > g.SM100_SMEM_PER_BLOCK  # 7 stages is the most
+    # m256n256: M = 128 lanes per CTA, N <= 256, 256 fp32 columns per CTA (a power of two
+    # >= 32, and room for a second co-resident allocation were the shared memory to allow it)
+    assert g.BLOCK_M == bw.SM100_TMEM_LANES and g.CLUSTER * g.BLOCK_M == 256
+    assert g.BLOCK_N <= 256 and g.TMEM_COLUMNS == g.BLOCK_N <= g.SM100_TMEM_COLUMNS
+    assert g.TMEM_COLUMNS & (g.TMEM_COLUMNS - 1) == 0
+    one = (g1.BLOCK_M + g1.BLOCK_N) * g1.BLOCK_K * 2
+    assert one == 48 * 1024 and g.stage_bytes() * 3 == one * 2  # per K step, same MMA work
+    assert g.BLOCK_M * g.BLOCK_N == g1.BLOCK_M * g1.BLOCK_N
+
+
+@settings(max_examples=150, deadline=None)
+@given(M=st.integers(1, 2000), N=st.integers(1, 2000))
+def test_gemm_tcgen05_2cta_tile_schedule(M, N):
+    """The grid's CTAs, paired along x, cover every [128 x 256] block of c exactly once, the
+    two CTAs of a pair share their columns and take adjacent 128-row halves, and each CTA's b
+    rows are its half of the tile's columns."""
+    from tskernels.ops.gemm import cuda_mm_sm100_2cta as g
+    gx, gy = g.grid(M, N)
+    assert gx % g.CLUSTER == 0 and gy >= 1
+    seen = set()
+    for bx in range(gx):
+        for by in range(gy):
+            m0, n0, b0 = g.cta_tile(bx, by)
+            seen.add((m0, n0))
+            assert b0 == n0 + (bx % 2) * g.B_ROWS
+            peer = g.cta_tile(bx ^ 1, by)
+            assert peer[1] == n0 and abs(peer[0] - m0) == g.BLOCK_M
+    want = {(m, n) for m in range(0, -(-M // 256) * 256, 128) for n in range(0, N, 256)}
+    assert seen == want and len(seen) == gx * gy
+    assert all(m < M or m - 128 < M for m, _ in seen)  # at most the pair's second half idles
+
+
+def test_gemm_tcgen05_2cta_opt_in_never_auto_selected():
+    """Registered compile-verified for sm_100 only, never run, opt-in: no selection picks it
+    on a B200 (not even with unverified kernels allowed, where the one-CTA kernel leads);
+    named, it is what runs."""
+    from tskernels.ops.gemm import cuda_mm_sm100_2cta as g
+    spec = next(k for k in tskernels.kernels() if k.name == "gemm.mm.cuda_tcgen05_2cta")
+    assert spec.verification.compiled == frozenset({"sm_100"}) and not spec.verification.run
+    assert spec.opt_in and "compiled, not run: no Blackwell hardware" in spec.description
+    verified = json.loads((ROOT / "tskernels" / "verified.json").read_text())
+    assert "gemm.mm.cuda_tcgen05_2cta" not in verified.get("kernels", {})
+    b200 = Platform("nvidia", 100, "NVIDIA B200", nvidia_features(100), 148)
+    fm = {"a": "bf16", "b": "bf16", "c": "bf16"}
+    for allow in (False, True):
+        ov = registry.config.resolve("gemm", "mm", None, None, allow)
+        chosen, _ = registry._decide("gemm", "mm", b200, fm, {}, ov)
+        assert chosen.backend != "cuda_tcgen05_2cta", allow
+    ov = registry.config.resolve("gemm", "mm", "cuda_tcgen05_2cta", None, True)
+    chosen, _ = registry._decide("gemm", "mm", b200, fm, {}, ov)
+    assert chosen.backend == "cuda_tcgen05_2cta"
+    a = torch.zeros(4, 8, dtype=torch.bfloat16)
+    for args, kw, word in (((a, a), {}, "CUDA device"),
+                           ((a, a.float()), {}, "must both be bf16"),
+                           ((a, a), {"out_dtype": torch.float32}, "out_dtype")):
+        with pytest.raises(ValueError, match=word):
+            g.mm(*args, **kw)

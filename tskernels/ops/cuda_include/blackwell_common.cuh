@@ -97,3 +97,56 @@ __device__ __forceinline__ void tmem_wait_ld() {
 __device__ __forceinline__ void tmem_wait_st() {
     asm volatile("tcgen05.wait::st.sync.aligned;\n" ::: "memory");
 }
+
+// ---- CTA pairs (cta_group::2): a cluster of 2 CTAs on neighbouring SMs runs one MMA of
+// M = 256 (each CTA's tensor memory holds its 128 rows), A rows and the halves of B's columns
+// read from the shared memory of both CTAs at the same offsets. Alloc / dealloc are done by
+// one warp in each CTA of the pair; the MMA and its commits by one thread of the even CTA. ----
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// every thread of both CTAs: the peer's barriers are initialised / its work is done
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// the shared::cluster address of `addr` (this CTA's shared memory) in CTA `rank`'s window
+__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank) {
+    u32 d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(addr), "r"(rank));
+    return d;
+}
+template <int NCOLS>
+__device__ __forceinline__ void tmem_alloc_pair(u32 slot_smem) {
+    static_assert(NCOLS >= 32 && NCOLS <= 512 && (NCOLS & (NCOLS - 1)) == 0, "TMEM columns");
+    asm volatile("tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32 [%0], %1;\n"
+                 :: "r"(slot_smem), "n"(NCOLS) : "memory");
+    asm volatile("tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned;\n" ::: "memory");
+}
+template <int NCOLS>
+__device__ __forceinline__ void tmem_dealloc_pair(u32 taddr) {
+    asm volatile("tcgen05.dealloc.cta_group::2.sync.aligned.b32 %0, %1;\n"
+                 :: "r"(taddr), "n"(NCOLS) : "memory");
+}
+__device__ __forceinline__ void umma_ss_pair(u32 d_tmem, u64 da, u64 db, u32 idesc,
+                                             int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n"
+                 "tcgen05.mma.cta_group::2.kind::f16 [%0], %1, %2, %3, p;\n}\n"
+                 :: "r"(d_tmem), "l"(da), "l"(db), "r"(idesc), "r"(accumulate) : "memory");
+}
+// one arrival on the barrier at this offset in every CTA of `cta_mask` once the pair's MMAs
+// issued so far completed
+__device__ __forceinline__ void umma_commit_pair(u32 bar, unsigned short cta_mask) {
+    asm volatile("tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster"
+                 ".multicast::cluster.b64 [%0], %1;\n" :: "r"(bar), "h"(cta_mask) : "memory");
+}
+// a TMA copy into this CTA's shared memory whose bytes complete on `bar`, a shared::cluster
+// address that may lie in the peer CTA (the pair's MMA-issuing CTA counts both halves)
+__device__ __forceinline__ void tma_load_pair(u32 dst, const TensorMap* map, int col, int row,
+                                              u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.cta_group::2.shared::cluster.global.tile"
+                 ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bar) : "memory");
+}

@@ -19,6 +19,7 @@ from ...registry import fmt, select
 from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
 from . import triton_fp8, triton_gemv, triton_mm  # noqa: F401  (register backends)
 from . import cuda_mm_sm100  # noqa: F401  (Blackwell tcgen05: compiled, not run)
+from . import cuda_mm_sm100_2cta  # noqa: F401  (Blackwell CTA pairs: compiled, not run, opt-in)
 from .int8w import int8w_mm, quantize_int8_per_channel
 from .q4w import q4w_mm, quantize_q4_groups
 
