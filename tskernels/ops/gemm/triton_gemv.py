@@ -12,9 +12,13 @@ SMs) the K range is split over a second grid axis. The partial sums are added wi
 atomics into a per-device workspace; the program that arrives last at a tile (a per-tile
 arrival counter) takes the sum with an atomic exchange against zero (so its slice of the
 workspace is clean again), resets the counter, applies the epilogue (optional residual add,
-dtype cast) and writes c. One kernel launch, no host sync, graph-capturable. Because the fp32 partials are
-added in arrival order, split launches are not bitwise deterministic run to run (the splits
-round identically; only the order of a handful of fp32 adds varies).
+dtype cast) and writes c. One kernel launch, no host sync, graph-capturable. Because the fp32
+partials are added in arrival order, split launches are not bitwise deterministic run to run
+(the splits round identically; only the order of a handful of fp32 adds varies).
+
+On sm_90+ CUDA the 16-bit launches are programmatic dependent launches (the grid is scheduled
+while the previous kernel drains, and waits for it before its first load); a few (N, K) take a
+per-shape split target measured on the H200 (SHAPE_CONFIGS).
 
 The workspace is shared by every call on a device: calls that run *concurrently* on two
 streams of one device must not both split (the engines we serve run one stream per device).
