@@ -4,6 +4,8 @@
 Tile shapes come from a table keyed by the token count T (a fixed choice per T, so a captured
 decode graph keeps its kernels); decode rows (T <= 16) use 16-row blocks and narrow N tiles so
 that ~200 programs stream the touched experts' weights, prefill uses 128-row wgmma tiles.
+Up to triton_direct.MAX_TOKENS tokens with 16-bit weights skip align and combine: two launches
+indexed by the routing slots (triton_direct; H200 layer at T = 1: 30.2 vs 41.5 us).
 """
 from __future__ import annotations
 
