@@ -198,9 +198,27 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *,
     return (a.to(acc) @ w.T).to(out_dtype or a.dtype)
 
 
+def quantize_act_int8_groups(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """a [M, K] (K a multiple of 32) in float32, per group of 32 along K: sx = max|a| / 127,
+    xq = round(a * (127 / max|a|)) in [-127, 127] (0 for an all-zero group), and the group
+    sums of a. Returns (xq float32 [M, K] holding integers, sx [M, K / 32], sums [M, K / 32]),
+    the float32 arithmetic of tskernels/csrc/cpu_gemm_q4a8.inc step for step."""
+    m, k = a.shape
+    x = a.to(torch.float32).reshape(m, k // 32, 32)
+    amax = x.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax.clamp_min(torch.finfo(torch.float32).tiny),
+                      torch.zeros_like(amax))
+    xq = torch.round(x * inv[..., None]).clamp_(-127, 127).reshape(m, k)
+    return xq, amax / 127.0, x.sum(dim=2)
+
+
 def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor, *,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           act_int8: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Weight-only 4-bit GEMM: c = a @ W.T, W dequantized from groups of 32 along K.
+
+    With act_int8, a is first quantized per group of 32 (quantize_act_int8_groups) and
+        c[i, n] = sum_g scale[n, g] sx[i, g] (xq[i, g] . q[n, g]) + mins[n, g] sum(a[i, g])
+    (GGUF's Q4_1 x Q8_1 form: integer dot products; the offset term from a's float sums).
 
     Args:
         a: [M, K] activations (fp32/bf16/fp16/fp64), K a multiple of 32.
@@ -215,5 +233,12 @@ def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Te
     n, half = q.shape
     g = q.view(n, half // 16, 16)
     nib = torch.cat([g & 15, g >> 4], dim=2).to(acc)  # [N, groups, 32]
+    if act_int8:
+        xq, sx, sums = quantize_act_int8_groups(a)
+        m = a.shape[0]
+        xs = (xq.to(acc).view(m, -1, 32) * sx.to(acc)[..., None]).reshape(m, 2 * half)
+        wd = (nib * scale.to(acc)[..., None]).reshape(n, 2 * half)
+        c = xs @ wd.T + sums.to(acc) @ mins.to(acc).T
+        return c.to(out_dtype or a.dtype)
     w = (nib * scale.to(acc)[..., None] + mins.to(acc)[..., None]).reshape(n, 2 * half)
     return (a.to(acc) @ w.T).to(out_dtype or a.dtype)

@@ -115,3 +115,59 @@ def test_q4w_mm_rejects_bad_input():
         with pytest.raises(ValueError, match="multiple of 32"):
             cpu_stream._cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), s.data_ptr(), mn.data_ptr(),
                                      c.data_ptr(), 2, 8, 48, 48, 24, 8)
+
+
+def _act8_truth(a, q, scale, mins):
+    """float64 of the act_int8 formula on the reference's (float32) activation quantization."""
+    from tskernels_ref.gemm import quantize_act_int8_groups
+
+    xq, sx, sums = quantize_act_int8_groups(a)
+    m, k = a.shape
+    n = q.shape[0]
+    g = q.view(n, k // 32, 16)
+    nib = torch.cat([g & 15, g >> 4], dim=2).double()
+    dots = torch.einsum("mgk,ngk->mng", xq.double().view(m, -1, 32), nib)
+    return (dots * sx.double()[:, None, :] * scale.double()[None]).sum(-1) \
+        + sums.double() @ mins.double().t()
+
+
+@pytest.mark.skipif(not cpu_stream.available(), reason="tskernels._cpu not built")
+@given(seed=st.integers(0, 2**31 - 1), m=st.integers(1, 16), n=st.integers(1, 150),
+       groups=st.integers(1, 8), threads=st.sampled_from([1, 2]))
+def test_act_int8_every_path_matches_float64(seed, m, n, groups, threads):
+    g = torch.Generator().manual_seed(seed)
+    k = 32 * groups
+    a = torch.randn(m, k, generator=g) * 3
+    a[0, :32] = 0  # an all-zero activation group
+    q, scale, mins = tskernels.gemm.quantize_q4_groups(torch.randn(n, k, generator=g))
+    truth = _act8_truth(a, q, scale, mins)
+    prev, old = torch.get_num_threads(), os.environ.get(plat.ISA_ENV)
+    torch.set_num_threads(threads)
+    try:
+        for path in _paths():
+            os.environ[plat.ISA_ENV] = path
+            c = torch.full((m, n), float("nan"))
+            cpu_stream._cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(),
+                                     mins.data_ptr(), c.data_ptr(), m, n, k, k, k // 2, n,
+                                     act_int8=True)
+            assert_close(c, truth, dtype=torch.float32, name=f"4-bit x int8, {path} path")
+    finally:
+        torch.set_num_threads(prev)
+        if old is None:
+            os.environ.pop(plat.ISA_ENV, None)
+        else:
+            os.environ[plat.ISA_ENV] = old
+
+
+@pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()
+                                                     else []))
+@pytest.mark.parametrize("m", [1, 8, 40])
+def test_act_int8_op_and_its_error_vs_float_activations(backend, m):
+    g = torch.Generator().manual_seed(m)
+    a = torch.randn(m, 576, generator=g)
+    q, scale, mins = tskernels.gemm.quantize_q4_groups(torch.randn(1536, 576, generator=g) * .02)
+    c = tskernels.gemm.q4w_mm(a, q, scale, mins, act_int8=True, backend=backend)
+    assert_close(c, _act8_truth(a, q, scale, mins), dtype=torch.float32, name=backend)
+    # 8-bit activation groups of Gaussian rows: ~1 % relative error against float activations
+    exact = a.double() @ _dequant64(q, scale, mins).t()
+    assert float((c.double() - exact).norm() / exact.norm()) < 0.02

@@ -216,6 +216,8 @@ using S = SimdNeon;
 template <typename P>
 void run_split(const P& p, Isa isa);
 
+#include "cpu_gemm_q4a8.inc"
+
 template <typename WT>
 void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
                int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
@@ -289,8 +291,11 @@ void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m,
 
 // C[M, N] = A[M, K] . W^T with 4-bit weights: b [N, ldb] bytes (K / 2 used per row),
 // scale / mins float32 [N, K / 32] contiguous; K a multiple of 32.
+// act_int8: A quantized per group of 32 to int8 and integer dot products (cpu_gemm_q4a8.inc);
+// the SIMD path is AVX2 (also on AVX-512 CPUs), NEON and portable run its scalar loop.
 void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr_t c, int64_t m,
-              int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+              int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector,
+              bool act_int8) {
   if (m < 0 || n < 0 || k < 0 || m > 16)
     throw std::invalid_argument("gemm_q4w: need 0 <= M <= 16 and N, K >= 0");
   if (k % 32) throw std::invalid_argument("gemm_q4w: K must be a multiple of 32");
@@ -305,7 +310,29 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
       for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
     return;
   }
-  run_split(p, vector ? cpu_isa() : Isa::scalar);
+  const Isa isa = vector ? cpu_isa() : Isa::scalar;
+  if (!act_int8) return run_split(p, isa);
+  const Q4A8Buf buf = quantize_rows(p);
+  const Q4A8 qa = buf.view();
+  nb::gil_scoped_release nogil;
+  int threads = 1;
+#ifdef _OPENMP
+  if (n * k >= (1 << 16)) threads = omp_get_max_threads();
+#endif
+  auto slice = [&](int tid) {
+    const int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
+    const int64_t n0 = std::min<int64_t>(n, per * tid), n1 = std::min<int64_t>(n, n0 + per);
+    if (n0 >= n1) return;
+#ifdef TSK_X86
+    if (isa == Isa::avx2 || isa == Isa::avx512) return q4a8_rows_avx2(p, qa, n0, n1);
+#endif
+    q4a8_rows_portable(p, qa, n0, n1);
+  };
+  if (threads == 1) return slice(0);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; ++t) slice(t);
+#endif
 }
 
 }  // namespace
@@ -313,8 +340,9 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
 void bind_gemm(nb::module_& mod) {
   mod.def("gemm_q4w", &gemm_q4w, nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("mins"),
           nb::arg("c"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("lda"),
-          nb::arg("ldb"), nb::arg("ldc"), nb::arg("vector") = true,
-          "C[M,N] = A[M,K] . W^T, W 4-bit in groups of 32 along K (w = scale * q + min).");
+          nb::arg("ldb"), nb::arg("ldc"), nb::arg("vector") = true, nb::arg("act_int8") = false,
+          "C[M,N] = A[M,K] . W^T, W 4-bit in groups of 32 along K (w = scale * q + min); "
+          "act_int8: A quantized per group of 32 to int8, integer dot products.");
   mod.def("gemm_f32", &gemm_f32, nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
           nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"), nb::arg("ldc"),
           nb::arg("vector") = true,

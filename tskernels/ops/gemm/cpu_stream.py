@@ -109,11 +109,16 @@ if _cpu is not None:
     @register("gemm", "q4w_mm", backend=BACKEND, capability=CPU_SIMD, band="portable",
               run_verified=("cpu",), opt_in=True, tags=("deterministic",),
               formats={"a": ("fp32", "bf16"), "b": ("uint4",), "c": ("fp32", "bf16")})
-    def q4w_mm(a, q, scale, mins, *, out_dtype=None):
-        """c = a @ W.T, 4-bit W (groups of 32) widened as streamed for M <= 16; dequantized
-        into torch.mm above (prefill is compute-bound)."""
+    def q4w_mm(a, q, scale, mins, *, act_int8=False, out_dtype=None):
+        """c = a @ W.T, 4-bit W (groups of 32) widened as streamed for M <= 16 (with
+        act_int8: integer dot products on int8 groups of a); dequantized into torch.mm above
+        (prefill is compute-bound)."""
         out_dtype = out_dtype or a.dtype
         if a.shape[0] > MAX_M:
+            if act_int8:  # the same formula in two float32 GEMMs
+                from tskernels_ref.gemm import q4w_mm as ref_q4w_mm
+                return ref_q4w_mm(a.float(), q, scale, mins, act_int8=True,
+                                  out_dtype=out_dtype)
             return _convert(torch.mm(a.float(), _dequant_q4(q, scale, mins).t()), out_dtype)
         x = a if a.dtype == torch.float32 else a.float()
         if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
@@ -125,7 +130,8 @@ if _cpu is not None:
         n = q.shape[0]
         c = torch.empty(m, n, dtype=torch.float32)
         _cpu.gemm_q4w(x.data_ptr(), q.data_ptr(), s.data_ptr(), mn.data_ptr(), c.data_ptr(), m,
-                      n, k, x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k // 2, n)
+                      n, k, x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k // 2, n,
+                      act_int8=act_int8)
         return _convert(c, out_dtype)
 
 
