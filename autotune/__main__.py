@@ -33,7 +33,9 @@ def _load_spaces(module: str) -> None:
 
 
 def _matching(name: str) -> list:
-    found = [ks for k, ks in sorted(spaces().items()) if k == name or k.startswith(name + ".")]
+    """The spaces named `name`, or under it ("gemm", "gemm.mm"); "all": every declared one."""
+    found = [ks for k, ks in sorted(spaces().items())
+             if name == "all" or k == name or k.startswith(name + ".")]
     if not found:
         raise SystemExit(f"autotune: no declared space matches {name!r}; declared: "
                          f"{', '.join(sorted(spaces())) or 'none'}")
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--shape", required=True)
     s.add_argument("--device-name", default="nvidia-h200")
     s = sub.add_parser("tune")
-    s.add_argument("op", help="family.op or family.op.backend")
+    s.add_argument("op", help="family, family.op, family.op.backend or all")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--shapes", nargs="+",
                    help="problems as k=v,k=v (the space's parser; default: its bench shapes)")

@@ -97,12 +97,16 @@ def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, t
                 ) -> BucketResult:
     """limit: time at most this many of the bucket's valid configs (the heuristic always,
     the rest drawn reproducibly). A heuristic outside the space ({} = the plan's own choice)
-    is timed too, as the baseline, but cannot be picked. deadline (a `clock()` value): the
+    is timed too and may win (last in the tie-break). deadline (a `clock()` value): the
     heuristic is timed first and no further candidate starts after it; the pick is among
     those timed (`BucketResult.partial` says so)."""
     heur = ks.heuristic_for(problem, target)
     configs, pruned = ks.candidates(problem, target)
     configs = _limited(configs, heur, limit)
+    if heur not in configs:
+        # a heuristic outside the space ({}: the plan decides) competes last: a table entry
+        # of it means "the kernel's own choice", and ties go to the declared configs
+        configs = configs + [heur]
     cands = [Candidate(cfg) for cfg in configs]
     order = sorted(range(len(cands)), key=lambda i: cands[i].config != heur)  # heuristic first
     timed = 0
@@ -126,10 +130,6 @@ def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, t
                        [dict(c.config) for c in ties if c is not pick], cands, pruned, heur)
     res.heuristic_us = res.time_of(heur)
     res.partial = partial
-    if res.heuristic_us is None and heur not in configs:
-        base = Candidate(heur)
-        _run(base, runner, timer, repeats)
-        res.heuristic_us = None if base.error else base.us
     return res
 
 

@@ -86,12 +86,16 @@ def test_limit_draws_reproducibly_and_keeps_the_heuristic():
     assert picks[0] == picks[1]
 
 
-def test_heuristic_outside_space_is_timed_as_baseline():
+def test_heuristic_outside_space_is_timed_and_may_win():
     ks = KernelSpace("demo.plan.triton", Space(BLOCK=[32, 64]), key=lambda p: {"N": p["N"]},
                      heuristic=lambda p: {}, example={"N": 1})
-    t = {"BLOCK": 32}
-    timer = iter([5.0, 3.0, 4.0])
-    res = tune_bucket(ks, {"N": 1}, _Runner(), timer=lambda fn: next(timer),
-                      target=Target(), repeats=1)
-    assert res.pick == {"BLOCK": 64} and res.heuristic == {} and res.heuristic_us == 4.0
-    assert t in [c.config for c in res.candidates]
+
+    class R(_Runner):
+        def build(self, cfg):
+            return lambda: cfg.get("BLOCK", 0)
+    for times, pick in (({32: 5.0, 64: 3.0, 0: 4.0}, {"BLOCK": 64}),
+                        ({32: 5.0, 64: 3.0, 0: 1.0}, {})):   # the plan's own choice fastest
+        res = tune_bucket(ks, {"N": 1}, R(), timer=lambda fn: times[fn()], target=Target(),
+                          repeats=1)
+        assert res.pick == pick and res.heuristic == {} and res.heuristic_us == times[0]
+        assert [c.config for c in res.candidates] == [{"BLOCK": 32}, {"BLOCK": 64}, {}]

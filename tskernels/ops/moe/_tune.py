@@ -64,21 +64,24 @@ def _runner(p, device):
     fp8 = p.get("w") == "fp8"
     cuda = torch.device(device).type == "cuda"
     dt = torch.bfloat16 if cuda else torch.float16
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(T, H, generator=g).to(device, dt)
-    w13 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(device)
-    w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(device)
+    # drawn on the device (the expert weights are ~1 GB at Qwen3-30B-A3B sizes)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(T, H, generator=g, device=device).to(dt)
+    w13 = torch.randn(E, 2 * I, H, generator=g, device=device) / H ** 0.5
+    w2 = torch.randn(E, H, I, generator=g, device=device) / I ** 0.5
     scales = {}
     if fp8:
-        s13 = torch.rand(E, -(-2 * I // FP8_BLOCK), -(-H // FP8_BLOCK), generator=g) * 0.01 + 0.005
-        s2 = torch.rand(E, -(-H // FP8_BLOCK), -(-I // FP8_BLOCK), generator=g) * 0.01 + 0.005
-        scales = dict(w13_scale=s13.to(device), w2_scale=s2.to(device))
+        s13 = torch.rand(E, -(-2 * I // FP8_BLOCK), -(-H // FP8_BLOCK), generator=g,
+                         device=device) * 0.01 + 0.005
+        s2 = torch.rand(E, -(-H // FP8_BLOCK), -(-I // FP8_BLOCK), generator=g,
+                        device=device) * 0.01 + 0.005
+        scales = dict(w13_scale=s13, w2_scale=s2)
         w13 = (w13 * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
         w2 = (w2 * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
     else:
         w13, w2 = w13.to(dt), w2.to(dt)
-    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(device, torch.int32)
-    weights = torch.softmax(torch.randn(T, k, generator=g), -1).to(device)
+    ids = torch.rand(T, E, generator=g, device=device).argsort(-1)[:, :k].to(torch.int32)
+    weights = torch.softmax(torch.randn(T, k, generator=g, device=device), -1)
     tiles = _experts().Tiles
 
     def launch(cfg, _inputs):
