@@ -6,7 +6,8 @@
    HBM speed of light (weights + KV read once per step);
 2. B = `--gap-batch` short requests decoding: the step timeline's GPU gap between decode-graph
    replays and the host preparation time, with overlap scheduling on and off, and on with
-   seeded sampling inside the graphs.
+   seeded sampling inside the graphs, and with lookahead launches (the next decode step
+   launched before the current one's ids are back).
 
     python benchmarks/agentic_engine_bench.py --model dummy:benchmarks/configs/llama-3-8b-64k.json \\
         --json out.json
@@ -90,9 +91,10 @@ def conc1(eng: Engine, args, rng) -> dict:
             "itl_b1_p50_ms": itl, "itl_over_sol": itl / sol_ms if itl else None}
 
 
-def gap(eng: Engine, args, rng, overlap: bool, sampled: bool) -> dict:
+def gap(eng: Engine, args, rng, overlap: bool, sampled: bool, lookahead: bool = False) -> dict:
     vocab = int(eng.hf_config.vocab_size)
-    eng.overlap_schedule = overlap
+    eng.overlap_schedule, eng.overlap_lookahead = overlap, lookahead
+    n0 = eng.num_lookahead_steps
     sp = (dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.01) if sampled
           else dict(temperature=0.0))
     B = args.gap_batch
@@ -114,7 +116,8 @@ def gap(eng: Engine, args, rng, overlap: bool, sampled: bool) -> dict:
     while eng.has_unfinished():
         eng.step()
     by = summary["by_batch"].get(B, {})
-    return {"overlap": overlap, "sampled": sampled, "batch": B, "steps": args.gap_steps,
+    return {"overlap": overlap, "lookahead": lookahead, "sampled": sampled, "batch": B,
+            "lookahead_steps": eng.num_lookahead_steps - n0, "steps": args.gap_steps,
             "step_ms": wall / args.gap_steps * 1e3, "tokens": n,
             "gpu_gap_us": by.get("gpu_gap_us"), "host_prep_us": by.get("host_prep_us")}
 
@@ -159,12 +162,13 @@ def main() -> int:
               f"hit {c['prefix_hit_of_reusable']:.3f}, ITL B=1 {c['itl_b1_p50_ms']:.2f} ms = "
               f"{c['itl_over_sol']:.2f}x SoL ({c['sol_ms_weights_plus_kv']:.2f} ms)", flush=True)
     res["gap"] = []
-    for overlap, sampled in ((True, False), (False, False), (True, True)):
-        res["gap"].append(gap(eng, args, rng, overlap, sampled))
+    for overlap, sampled, ahead in ((True, False, False), (False, False, False),
+                                    (True, False, True), (True, True, False)):
+        res["gap"].append(gap(eng, args, rng, overlap, sampled, ahead))
         save()
         g = res["gap"][-1]
         gg, hp = g["gpu_gap_us"] or {}, g["host_prep_us"] or {}
-        print(f"B={g['batch']} overlap={overlap} sampled={sampled}: step {g['step_ms']:.3f} ms, "
+        print(f"B={g['batch']} overlap={overlap} lookahead={ahead} sampled={sampled}: step {g['step_ms']:.3f} ms, "
               f"GPU gap p50 {gg.get('p50', float('nan')):.1f} us p99 {gg.get('p99', float('nan')):.1f}, "
               f"host prep p50 {hp.get('p50', float('nan')):.1f} us", flush=True)
     return 0

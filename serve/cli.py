@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="prepare step N+1 on the host while the device runs step N (default: on "
                         "a GPU)")
+    e.add_argument("--overlap-lookahead", action=argparse.BooleanOptionalAction, default=None,
+                   help="with overlap: launch a greedy decode step's successor before its "
+                        "sampled ids are back (default: off)")
     return p
 
 

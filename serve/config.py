@@ -44,6 +44,9 @@ class EngineArgs:
     # the host prepares step N+1 while the device runs step N (Engine.step); None: on a GPU
     # (on the CPU a step computes while it is launched: nothing to overlap)
     overlap_schedule: bool | None = None
+    # with overlap: launch a greedy decode step's successor before its ids are back (the
+    # scheduler's next plan is checked against it; serve.model_runner.Lookahead)
+    overlap_lookahead: bool = False
     cpu_kv_cache_gb: float = 1.0  # default pool size on CPU when num_kv_pages is not given
     threads: int | None = None  # torch.set_num_threads for the engine; None: torch's default
     # autotune (docs/AUTOTUNE.md): count the (kernel, shape bucket) lookups of the traffic into

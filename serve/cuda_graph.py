@@ -164,6 +164,28 @@ class CudaGraphs:
         graph.replay()
         return logits[:rows], greedy[:rows]
 
+    def run_next(self, rows: int, slot: np.ndarray, pos: np.ndarray, lens: np.ndarray):
+        """Replay the last `run`'s graph (same `rows`) for the step after it, launched before
+        that step's ids reached the host: every row one token further inside its current
+        page (so the page table on the device stays as it is), the input ids its greedy ids
+        of the last replay, copied on the device. slot / pos / lens: int64 / int32 [rows] of
+        the new tokens. Returns (logits, greedy ids) like `run`."""
+        bs = int(self._size_of[rows])
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+        h_slot, _, h_pos, h_lens, _ = self._h
+        h_slot[:rows], h_pos[:rows], h_lens[:rows] = slot, pos, lens
+        # the header only (the ids in it are stale: the device copy below replaces them)
+        self._dev[:self._header].copy_(self._host[:self._header], non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
+        graph, (logits, greedy), _ = self.graphs[bs]
+        self.input_ids[:rows].copy_(greedy[:rows])
+        if self.timeline is not None:
+            self.timeline.begin(bs)
+        graph.replay()
+        return logits[:rows], greedy[:rows]
+
     def sample(self, rows: int, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
                min_p: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> torch.Tensor:
         """Token ids (int32 [rows], on the device) drawn from the logits of the graph `run` just

@@ -114,6 +114,11 @@ class Engine:
         self.overlap_schedule = (self.device.type == "cuda" if args.overlap_schedule is None
                                  else bool(args.overlap_schedule))
         self._inflight = None          # (plan, PendingStep) launched and not yet collected
+        # lookahead: with overlap, a greedy decode-graph step's successor is launched before
+        # its ids are back (runner.launch_lookahead) and adopted when the scheduler plans it
+        self.overlap_lookahead = bool(args.overlap_lookahead)
+        self._ahead = None
+        self.num_lookahead_steps = self.num_lookahead_dropped = 0
         self._num_special = 0          # live requests that are not plain greedy
         self._gap_at, self._gap = -1.0, {}
         self._ids = itertools.count(1)
@@ -247,7 +252,7 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return (bool(self._requests) or self.scheduler.has_work()
-                or self._inflight is not None)
+                or self._inflight is not None)   # (a pending lookahead alone is dropped)
 
     def step(self) -> list[RequestOutput]:
         """One scheduler step; a RequestOutput for every request that got a token or finished.
@@ -256,32 +261,51 @@ class Engine:
         flight (waits for its sampled ids only, advances the scheduler), launches the next
         step, and builds the collected step's outputs while the device runs the new one (so
         does the caller, e.g. the server sending them): outputs arrive one call later, with the
-        same tokens in the same order as without it."""
+        same tokens in the same order as without it. With `overlap_lookahead` too, a greedy
+        decode-graph step's successor is launched right behind it, before its ids are back
+        (every row one token on inside its current page, ids copied on the device); the next
+        call adopts it when the scheduler's plan has the same rows, or a subset of them
+        (finished / aborted requests gone), and drops it otherwise."""
         done = []
         if self._inflight is not None:
             done.append(self._collect(self._inflight))
             self._inflight = None
+        ahead, self._ahead = self._ahead, None
         if self.scheduler.has_work():
-            self._inflight = self._launch()
+            self._inflight, graph_step = self._launch(ahead)
             if not self.overlap_schedule:
                 done.append(self._collect(self._inflight))
                 self._inflight = None
+            elif graph_step and self.overlap_lookahead and not self._num_special \
+                    and not self.scheduler.stats()["waiting"]:
+                # the step after the one just launched, before its ids are back (a request
+                # waiting to be admitted would change that plan: not then)
+                self._ahead = self.runner.launch_lookahead(self._inflight[0])
         outputs = []
         for d in done:
             outputs += self._outputs(*d)
         return outputs
 
-    def _launch(self):
-        """The next plan, enqueued on the device: (plan, PendingStep or None)."""
+    def _launch(self, ahead=None):
+        """The next plan, enqueued on the device (or found already running: `ahead`, a
+        lookahead launch it matches): ((plan, PendingStep or None), whether it is a greedy
+        decode-graph step whose successor a lookahead may launch)."""
         plan = self.scheduler.next_plan()
         n = len(plan)
         if not n:
-            return plan, None
+            return (plan, None), False
+        if ahead is not None:
+            got = ahead.matches(plan)
+            if got is not None:
+                self.num_lookahead_steps += 1
+                return (plan, got[0]), got[1]
+            self.num_lookahead_dropped += 1   # its writes are the ones this step repeats
         sids = plan.request_ids
         if plan.num_decode == n and not self._num_special:
             # decode-only and every live request greedy without logprobs / logits processing:
             # nothing per row to prepare (each was scheduled before: its prefill)
-            return plan, self.runner.launch_greedy_decode(plan)
+            pending = self.runner.launch_greedy_decode(plan)
+            return (plan, pending), self.runner.last_launch_graphed
         sample = np.asarray(plan.sample)
         cached = np.asarray(plan.cached_lens)
         seq_lens = np.asarray(plan.seq_lens)
@@ -302,7 +326,7 @@ class Engine:
                 int(seq_lens[r]) - q.prompt_len, p.logprobs))
             if q is not None:
                 states.append(q.logits)
-        return plan, self.runner.launch(plan, reqs, process=self._logits.processor(states))
+        return (plan, self.runner.launch(plan, reqs, process=self._logits.processor(states))), False
 
     def _collect(self, launched):
         """Wait for a launched step's ids and advance the scheduler with them; grammar states

@@ -96,6 +96,46 @@ class PendingStep:
         return self._done
 
 
+class _Subset:
+    """The rows `idx` of a launched step's result (a lookahead some of whose rows finished)."""
+
+    def __init__(self, pending: PendingStep, idx: np.ndarray):
+        self._pending, self._idx = pending, idx
+
+    def result(self) -> StepResult:
+        r = self._pending.result()
+        return StepResult(r.token_ids[self._idx], None, None, np.arange(len(self._idx)))
+
+
+@dataclass
+class Lookahead:
+    """A decode step launched before the scheduler planned it (ModelRunner.launch_lookahead)."""
+
+    request_ids: np.ndarray   # int64 [R]
+    positions: np.ndarray     # int32 [R]
+    slots: np.ndarray         # int64 [R]
+    pending: PendingStep
+
+    def matches(self, plan):
+        """The pending result for `plan` when the lookahead computed it: (PendingStep-like,
+        exact) -- exact: the same rows; else the plan's rows are a subset (requests that
+        finished or were aborted are gone), read from their lookahead rows -- or None."""
+        n = len(plan.request_ids)
+        if not n or plan.num_decode != n:
+            return None
+        rids, pos = np.asarray(plan.request_ids), np.asarray(plan.positions)
+        slots = np.asarray(plan.slot_mapping)
+        if n == len(self.request_ids) and np.array_equal(rids, self.request_ids):
+            ok = np.array_equal(pos, self.positions) and np.array_equal(slots, self.slots)
+            return (self.pending, True) if ok else None
+        idx = np.flatnonzero(np.isin(self.request_ids, rids))
+        if len(idx) != n or not np.array_equal(self.request_ids[idx], rids) \
+                or not np.array_equal(self.positions[idx], pos) \
+                or not np.array_equal(self.slots[idx], slots):
+            return None
+        return _Subset(self.pending, idx), False
+
+
 class ModelRunner:
     def __init__(self, model, cfg, args, *, device: torch.device, dtype: torch.dtype,
                  max_model_len: int):
@@ -125,6 +165,7 @@ class ModelRunner:
         self._ids_flip = 0
         self._ids_events = [torch.cuda.Event() for _ in range(2)] if pinned else None
         self._rows = np.arange(max(args.max_num_seqs, 1))
+        self.last_launch_graphed = False
         self.graphs = None
         # autotune: shape capture, and the bounded tuning window before any graph exists
         from tskernels.tuning import engine_start
@@ -196,9 +237,27 @@ class ModelRunner:
         mode is entered (the eager fallback enters both)."""
         num_rows = len(plan.request_ids)
         got = self.graphs.run(plan) if self.graphs is not None else None
+        self.last_launch_graphed = got is not None   # (what launch_lookahead may follow)
         if got is None:
             return self.launch(plan, None, greedy_only=True)
         return self._pending(got[1], num_rows, self._rows[:num_rows], graph_step=True)
+
+    def launch_lookahead(self, plan) -> Lookahead | None:
+        """Launch the decode step after `plan` (a greedy decode-graph step just launched, ids
+        not yet back) on the assumption that every row goes on one token inside its current
+        page; None when a row would need a new page or leave the graphs' context. What the
+        scheduler plans next is checked against it (`Lookahead.matches`) before its ids are
+        used; otherwise they are dropped (its K/V writes are the ones the real step makes)."""
+        lens = np.asarray(plan.seq_lens)
+        if not self.last_launch_graphed or (lens % self.page_size == 0).any() \
+                or int(lens.max()) >= self.max_model_len:
+            return None
+        rows = len(lens)
+        pos = np.asarray(plan.positions) + 1
+        slot = np.asarray(plan.slot_mapping) + 1
+        got = self.graphs.run_next(rows, slot, pos, lens + 1)   # (last_launch_graphed stays)
+        pending = self._pending(got[1], rows, self._rows[:rows], graph_step=True)
+        return Lookahead(np.array(plan.request_ids), pos, slot, pending)
 
     @torch.inference_mode()
     @_under_policy
@@ -215,6 +274,7 @@ class ModelRunner:
         got = None
         if self.graphs is not None and plan.num_decode == num_rows:
             got = self.graphs.run(plan)
+        self.last_launch_graphed = got is not None
         if got is None:
             self.timeline.end(graph_step=False)
         if not len(sample_rows):
@@ -253,8 +313,8 @@ class ModelRunner:
     def _pending(self, ids: torch.Tensor, num_rows: int, sample_rows: np.ndarray,
                  graph_step: bool) -> PendingStep:
         """Start the copy of `ids` (int32 [S], device) to a pinned buffer, behind an event."""
-        if self.device.type != "cuda":
-            return PendingStep(self, num_rows, sample_rows, host_ids=ids.to(torch.int32))
+        if self.device.type != "cuda":   # a copy: a later replay rewrites the graph's ids
+            return PendingStep(self, num_rows, sample_rows, host_ids=ids.to(torch.int32).clone())
         buf = self._ids_host[self._ids_flip][:len(ids)]
         event = self._ids_events[self._ids_flip]
         self._ids_flip ^= 1

@@ -6,7 +6,9 @@ copy to the host). The gap of step N+1 is the GPU time from step N's end event t
 begin event: the host work that was not hidden behind the GPU (reading the sampled ids,
 `Scheduler.advance`, the next plan, filling the static buffers, launching the replay) plus the
 metadata upload copy. A step that runs eagerly (prefill, logprobs, logits processing) breaks
-the chain: the gap after it is not a gap between replays and is not counted.
+the chain: the gap after it is not a gap between replays and is not counted. With lookahead
+launches (Engine.overlap_lookahead) step N+1 is enqueued before step N's ids are read: its
+begin event then follows step N's end with no host work between them on the stream.
 
 Events are resolved lazily, one step later, when both have completed (never a device sync).
 On the CPU (no events) the timeline stays empty. Gaps are kept per graph batch size, the last
@@ -28,13 +30,13 @@ class StepTimeline:
         self._gaps: dict[int, deque] = {}        # graph batch size -> GPU gaps (us)
         self._host: dict[int, deque] = {}        # graph batch size -> host prep (us)
         self._prev_end = None                     # end event of the previous graph step
-        self._open = None                         # (end_prev, begin, bs) awaiting resolution
+        self._open: deque = deque()               # (end_prev, begin, bs) awaiting resolution
         self._ids_ready_at: float | None = None   # perf_counter when the last ids were read
         self._begin = None
         self._bs = 0
         # events are reused round-robin (one is resolved a step after it is recorded); new
         # ones each step would cost their creation inside the gap being measured
-        self._ring = [torch.cuda.Event(enable_timing=True) for _ in range(8)] if enabled else []
+        self._ring = [torch.cuda.Event(enable_timing=True) for _ in range(16)] if enabled else []
         self._next = 0
 
     def _event(self):
@@ -48,11 +50,12 @@ class StepTimeline:
         if not self.enabled:
             return
         ev = self._event()
-        if self._ids_ready_at is not None:
+        if self._ids_ready_at is not None:   # host time since the last ids arrived
             us = (time.perf_counter() - self._ids_ready_at) * 1e6
+            self._ids_ready_at = None
             self._host.setdefault(bs, deque(maxlen=self.keep)).append(us)
         if self._prev_end is not None:
-            self._open = (self._prev_end, ev, bs)
+            self._open.append((self._prev_end, ev, bs))
         self._begin, self._bs = ev, bs
 
     def end(self, graph_step: bool) -> None:
@@ -63,6 +66,7 @@ class StepTimeline:
         if not graph_step or self._begin is None:
             self._prev_end = self._begin = None
             self._ids_ready_at = None
+            self._open.clear()   # (their events would be re-recorded before they resolve)
             return
         self._prev_end, self._begin = self._event(), None
 
@@ -71,15 +75,17 @@ class StepTimeline:
         if not self.enabled:
             return
         self._ids_ready_at = time.perf_counter()
-        if self._open is not None:
-            end_prev, begin, bs = self._open
-            self._open = None
+        # pairs whose later event has completed (a lookahead launch may have recorded the
+        # next begin before these ids arrived: it stays open until it ran)
+        while self._open and self._open[0][1].query():
+            end_prev, begin, bs = self._open.popleft()
             us = end_prev.elapsed_time(begin) * 1e3
             self._gaps.setdefault(bs, deque(maxlen=self.keep)).append(us)
 
     def reset(self) -> None:
         self._gaps.clear()
         self._host.clear()
+        self._open.clear()
 
     @staticmethod
     def _stats(values) -> dict:

@@ -131,6 +131,23 @@ def test_graph_sampler_matches_eager_sampler(monkeypatch, engines):
     assert sum(used.values()) > 0, used   # the decode steps sampled inside the "graph"
 
 
+def test_lookahead_launch_streams_equal(monkeypatch, engines):
+    """Lookahead (a decode step launched before the scheduler planned it, checked against the
+    plan): same greedy streams as the plain loop, through exact matches, rows that finished
+    (subset), page boundaries (no lookahead) and an arrival (a dropped lookahead)."""
+    plain, _ = engines
+    eng = Engine("dummy:tiny-llama", **KW, overlap_schedule=True, overlap_lookahead=True)
+    _fake_graphs(monkeypatch, eng)
+    prompts = _prompts(7, 6)
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
+              for m in (30, 9, 25, 4, 17, 30)]
+    add_at = [0, 0, 0, 1, 12, 20]
+    _same(_drive(plain, prompts, params, add_at), _drive(eng, prompts, params, add_at))
+    assert eng.num_lookahead_steps > 10 and eng.num_lookahead_dropped >= 1, (
+        eng.num_lookahead_steps, eng.num_lookahead_dropped)
+    assert eng.stats()["kv_pages_used"] == 0
+
+
 def test_later_turn_prefill_interleaves_with_decodes():
     """A later turn (its first turn's prompt + output cached, then new tool tokens) prefills in
     chunks of the token budget while two requests decode: each of its steps carries both
@@ -179,6 +196,7 @@ def test_gpu_overlap_and_graph_sampling_equal():
               num_kv_pages=512, page_size=16)
     plain = Engine("dummy:tiny-llama", **kw, overlap_schedule=False)
     overlap = Engine("dummy:tiny-llama", **kw, overlap_schedule=True)
+    ahead = Engine("dummy:tiny-llama", **kw, overlap_schedule=True, overlap_lookahead=True)
     assert overlap.runner.graphs is not None, "CUDA graph capture failed (see the log)"
     prompts = _prompts(6, 12)
     greedy = [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)] * 12
@@ -188,6 +206,11 @@ def test_gpu_overlap_and_graph_sampling_equal():
     _same(a, b)
     tl = overlap.step_timeline()
     assert tl["gpu_gap_us"]["n"] > 10 and tl["gpu_gap_us"]["p50"] > 0, tl
+    # lookahead launches: all rows finish together (a subset of rows would replay a larger
+    # graph than the plain loop, whose bf16 GEMMs may round differently; the CPU test covers it)
+    same = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)] * 12
+    _same(_drive(plain, prompts, same), _drive(ahead, prompts, same))
+    assert ahead.num_lookahead_steps > 20, ahead.num_lookahead_steps
     # seeded sampling inside the decode graphs, and the same draws by the eager sampler on
     # the graphs' logits (logprobs=0 takes that path); a graph-free engine is not compared
     # exactly: its bf16 logits differ in the last bits, and so can a draw
