@@ -99,7 +99,9 @@ def gap(eng: Engine, args, rng, overlap: bool, sampled: bool, lookahead: bool = 
           else dict(temperature=0.0))
     B = args.gap_batch
     for i in range(B):
-        eng.add_request(f"g{i}", _tokens(rng, args.gap_prompt, vocab),
+        # staggered lengths: rows reach a page boundary on different steps, as in serving
+        n = int(rng.integers(args.gap_prompt // 2, args.gap_prompt * 3 // 2))
+        eng.add_request(f"g{i}", _tokens(rng, n, vocab),
                         SamplingParams(max_tokens=args.gap_steps + 40, ignore_eos=True,
                                        seed=i if sampled else None, **sp))
     for _ in range(30):          # prefills, then every request decoding
