@@ -55,10 +55,10 @@ if [ "$STAGE" = http ] || [ "$STAGE" = all ]; then
   BENCH_S=${LLAMA_S:-85} bench "llama-3-8b dummy, prefix cache on" "$LLAMA" agentic_llama8b "" "" "${CONC:-1,4,8}"
   BENCH_S=${NOCACHE_S:-45} bench "llama-3-8b dummy, prefix cache off" "$LLAMA" agentic_llama8b_nocache \
       "--no-enable-prefix-caching" "" 1
-  BENCH_S=${MOE_S:-85} TSKERNELS_BACKEND=$MOE_BACKENDS bench "qwen3-30b-a3b dummy (MoE)" "$MOE" agentic_qwen3moe "" "" \
-      "${CONC:-1,4,8}"
   python -m serve.bench plot "$OUT/agentic_llama8b.json" "$OUT/agentic_llama8b_nocache.json" \
       -o "$OUT/agentic_pareto_llama8b.png" --title "dummy Llama-3-8B bf16, H200"
+  BENCH_S=${MOE_S:-85} TSKERNELS_BACKEND=$MOE_BACKENDS bench "qwen3-30b-a3b dummy (MoE)" "$MOE" agentic_qwen3moe "" "" \
+      "${CONC:-1,4,8}"
   python -m serve.bench plot "$OUT/agentic_qwen3moe.json" -o "$OUT/agentic_pareto_qwen3moe.png" \
       --title "Qwen3-30B-A3B-shaped dummy bf16, H200"
   tail -c 3000 "$OUT/agentic_server.log" > "$OUT/agentic_server_tail.log"; rm -f "$OUT/agentic_server.log"
