@@ -37,8 +37,9 @@ SHARED_LIMIT = {
     "gfx942": 65536,   # MI300X / MI325X: 64 KB LDS
     "gfx950": 163840,  # MI355X: 160 KB LDS
 }
-# Not in TARGETS: gfx1250. Triton 3.6 compiles for it, but a bf16 tl.dot [64 x 64] became
-# v_pk_fma_f32 (no WMMA) with 560 VGPRs, so there is no matrix instruction to check yet.
+# Not in TARGETS: gfx1250. Triton 3.6 compiles for it, but lowers tl.dot to FMAs: bf16, fp16
+# and e4m3 dots of 16 and 64 rows became v_fma_f32 / v_pk_fma_f32 (no v_wmma), and gemm.mm's
+# 64 x 128 tile took 1024 VGPRs with 1.8 KB of scratch: no matrix instruction to check yet.
 
 # Triton's e4m3 (fp8e4nv) needs sm_89+: fp8 cases are not built for Ampere, whose kernels
 # cannot take an e4m3 operand at all (CompilationError "type fp8e4nv not supported").
