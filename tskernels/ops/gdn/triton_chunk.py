@@ -315,8 +315,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     if max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
                                      K=dk, V=dv, LOG_N=log_n, PREC=prec,
-                                     RELOAD_K=tuning.get("wy_reload", False),
-                                     num_warps=tuning.get("wy_warps", 8 if dk >= 128 else 4))
+                                     RELOAD_K=tuning.get("wy_reload", dk >= 128),
+                                     num_warps=tuning.get("wy_warps", 4))
     h0 = initial_state.contiguous().float() if initial_state is not None else final
     bv = min(dv, tuning.get("state_bv", 32))
     _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
@@ -341,9 +341,10 @@ def _cases():
     heads = dict(HK=16, HV=32, K=128, V=128, PREC=False)
     return [
         # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
-        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=False), num_warps=8,
-                    uses_dot=True,
-                    narrow_dot=True, label="wy"),
+        # 4 warps (two programs per SM) with the key reload: 24 bytes spilled on sm_90 and
+        # 1.37x faster than the spill-free 8-warp launch (benchmarks/RESULTS.md, issue 23)
+        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=True), num_warps=4,
+                    uses_dot=True, narrow_dot=True, label="wy"),
         CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
                     uses_dot=True, label="state"),
         CompileCase(_output_kernel, out, dict(heads, LOG_N=4), num_warps=8, uses_dot=True,
