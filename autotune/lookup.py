@@ -104,7 +104,14 @@ class Lookup:
         """The exact entry, else the nearest comparable one; entries whose config the space
         prunes for this problem on `target` (too much shared memory, ...) are passed over."""
         def fits(e: Entry) -> bool:
-            why = ks.prune(e.config, problem, target) if (ks.prune and target) else None
+            # {} ("the kernel's own choice", a heuristic outside the space that won) always
+            # fits; a config the pruner cannot read (other knobs) does not
+            if not e.config or not (ks.prune and target):
+                return True
+            try:
+                why = ks.prune(e.config, problem, target)
+            except (KeyError, TypeError) as exc:
+                why = f"not a config of this space ({type(exc).__name__}: {exc})"
             if why:
                 skipped.append(f"[{e.bucket}] {e.config}: does not fit this problem ({why})")
             return why is None

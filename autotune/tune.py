@@ -3,9 +3,10 @@
 Per bucket: the space's candidates for the target (pruned ones are never compiled), each built,
 checked against the reference, then timed `repeats` times (each a median from the timer).
 Configs that fail to build or run are skipped and reported. The fastest median wins, but every
-candidate within noise of it — max(tie_rel x best, the spread of either's repeats) — is a
-*tie*, and among ties the one declared first in the space wins: so a re-tune whose timings
-differ only by noise reproduces the table. Each bucket is saved as soon as it is tuned, so an
+candidate within noise of it — max(tie_rel x best, the best's spread of repeats, capped at
+spread_cap x best) — is a *tie*; among ties the kernel's heuristic wins when it is one, else the
+one declared first in the space: so a re-tune whose timings differ only by noise reproduces the
+table, and a pick is never slower than the heuristic beyond noise. Each bucket is saved as soon as it is tuned, so an
 interrupted run resumes where it stopped.
 """
 from __future__ import annotations
@@ -93,8 +94,8 @@ def _run(cand: Candidate, runner, timer: Callable, repeats: int) -> None:
 
 def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, target: Target,
                 repeats: int = 3, tie_rel: float = 0.02, limit: int | None = None,
-                deadline: float | None = None, clock: Callable[[], float] = time.monotonic
-                ) -> BucketResult:
+                deadline: float | None = None, clock: Callable[[], float] = time.monotonic,
+                spread_cap: float = 0.05) -> BucketResult:
     """limit: time at most this many of the bucket's valid configs (the heuristic always,
     the rest drawn reproducibly). A heuristic outside the space ({} = the plan's own choice)
     is timed too and may win (last in the tie-break). deadline (a `clock()` value): the
@@ -123,9 +124,13 @@ def tune_bucket(ks: KernelSpace, problem: Mapping, runner, *, timer: Callable, t
         raise RuntimeError(f"{ks.kernel} [{bucket}]: no config ran; "
                            f"{len(pruned)} pruned, errors: {[c.error for c in cands[:3]]}")
     best = min(ok, key=lambda c: c.us)
-    ties = [c for c in ok
-            if c.us - best.us <= max(tie_rel * best.us, best.spread, c.spread)]
-    pick = ties[0]                 # `ok` keeps the space's order: the first declared tie wins
+    # within noise of the best: tie_rel, or the best's own spread (capped, so one noisy
+    # measurement cannot make a slow config a tie)
+    noise = max(tie_rel * best.us, min(best.spread, spread_cap * best.us))
+    ties = [c for c in ok if c.us - best.us <= noise]
+    # among ties the heuristic (the incumbent) wins, else the first declared (`ok` keeps the
+    # space's order): deterministic, and never slower than the heuristic beyond noise
+    pick = next((c for c in ties if c.config == heur), ties[0])
     res = BucketResult(ks.kernel, bucket, dict(pick.config), pick.us,
                        [dict(c.config) for c in ties if c is not pick], cands, pruned, heur)
     res.heuristic_us = res.time_of(heur)

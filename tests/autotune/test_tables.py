@@ -243,3 +243,34 @@ def test_cli_list_diff_prune_export(tmp_path, capsys, monkeypatch):
     assert "+ toy.op.triton [N=512,dtype=bf16]" in capsys.readouterr().out
     assert cli(args + ["explain", ks.kernel, "--shape", "N=128,dtype=bf16"]) == 0
     assert "exact" in capsys.readouterr().out
+
+
+def test_a_noisy_slow_config_is_no_tie_and_the_heuristic_wins_ties():
+    """The H200 GPU tier's failure mode: a config declared early whose repeats spread widely
+    (24-70 us) tied with the fastest by its own spread and won; now only the best's spread
+    (capped at 5 %) counts, and among ties the heuristic is kept."""
+    ks = _space()
+    base = {(b, w): [50.0, 50.0, 50.0] for b in (32, 64, 128) for w in (4, 8)}
+    base[(32, 4)] = [24.0, 70.0, 68.0]       # declared first, slow and noisy
+    base[(64, 4)] = [40.0, 40.2, 39.9]       # the heuristic
+    base[(64, 8)] = [39.6, 39.5, 39.7]       # a hair faster: a tie, the heuristic stays
+    runner = _Runner(base, broken=[(32, 8)])
+    res = tune_bucket(ks, {"N": 64, "dtype": "fp16"}, runner, timer=_timer(runner),
+                      target=Target.for_arch("sm_90"))
+    assert res.pick == {"block": 64, "warps": 4}
+    assert {"block": 32, "warps": 4} not in res.ties and {"block": 64, "warps": 8} in res.ties
+    base[(64, 8)] = [30.0, 30.1, 30.2]       # clearly faster: it wins
+    runner = _Runner(base, broken=[(32, 8)])
+    res = tune_bucket(ks, {"N": 64, "dtype": "fp16"}, runner, timer=_timer(runner),
+                      target=Target.for_arch("sm_90"))
+    assert res.pick == {"block": 64, "warps": 8}
+
+
+def test_an_entry_of_the_kernels_own_choice_fits_every_problem(tmp_path):
+    """A {} entry (the plan's own choice won) is used by the chain and never handed to the
+    pruner (the H200 window run crashed there with KeyError before this)."""
+    ks = _space()
+    b = {"N": 4096, "dtype": "bf16"}
+    tables = _tables(tmp_path, {"nvidia-h200": [_entry(ks, {"N": 2048, "dtype": "bf16"}, {})]})
+    c = Lookup(tables).choose(ks, b, "nvidia-h200", target=Target.for_arch("sm_90"))
+    assert c.link == "nearest-bucket" and c.config == {}
