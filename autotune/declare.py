@@ -92,6 +92,10 @@ class KernelSpace:
     arch_defaults: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     # The problems `tskernels-bench --tune` tunes when given no shapes (the bench shapes).
     shapes: tuple[Mapping, ...] = ()
+    # How far (summed log2 over the integer dims) a "nearest" entry may be: farther ones are
+    # not used (a sparse table must not hand a 4096-row tile to a 16-row problem), and the
+    # chain goes on to the device family, then the heuristic.
+    max_distance: float = 3.0
 
     def __post_init__(self):
         if not self.kernel or self.kernel.count(".") < 2:

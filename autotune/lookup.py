@@ -5,7 +5,8 @@ current (not stale) entry supplies the config:
 
 1. ``exact``: D's tables (user, then shipped) hold K at bucket B;
 2. ``nearest-bucket``: D's tables hold K at a bucket with the same string dimensions
-   (dtypes, layouts) whose integer dimensions are closest on a log2 scale;
+   (dtypes, layouts) whose integer dimensions are closest on a log2 scale, at most
+   K's `max_distance` (default 3: within 8x summed over the dimensions) away;
 3. ``family:<device>``: a device of D's architecture family (an H200 uses H100 entries,
    an MI325X MI300X entries), exact bucket first, then nearest;
 4. ``heuristic``: K's own heuristic.
@@ -120,7 +121,8 @@ class Lookup:
             if e.bucket == want and fits(e):
                 return e, True
         scored = sorted((d, e.bucket, i) for i, e in enumerate(entries)
-                        if (d := _distance(dims, parse_bucket(e.bucket), ks.exact)) is not None)
+                        if (d := _distance(dims, parse_bucket(e.bucket), ks.exact)) is not None
+                        and d <= ks.max_distance)
         for _, _, i in scored:
             if fits(entries[i]):
                 return entries[i], False

@@ -67,6 +67,9 @@ def test_lookup_chain_exact_nearest_family_heuristic(tmp_path):
     assert (c.link, c.config) == ("nearest-bucket", {"block": 128, "warps": 8})
     c = look.choose(ks, {"N": 40000, "dtype": "bf16"}, "nvidia-h200")
     assert c.config == {"block": 256, "warps": 8}
+    # farther than max_distance (3 doublings) from every entry: the heuristic, not a far tile
+    c = look.choose(ks, {"N": 256, "dtype": "bf16"}, "nvidia-h200")       # 4 from N=4096
+    assert (c.link, c.config) == ("heuristic", {"block": 64, "warps": 4})
     # fp16 exists only in the H100 table: the H200 takes it through its family
     c = look.choose(ks, {"N": 1024, "dtype": "fp16"}, "nvidia-h200")
     assert (c.link, c.config) == (f"family:{h100}", {"block": 32, "warps": 4})
