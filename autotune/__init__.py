@@ -19,12 +19,12 @@ from .lookup import Choice, Lookup, StaleTableWarning, choose, default_lookup
 from .search import Result, search
 from .space import Space
 from .table import Entry, Table, Tables, current_versions, device_family
-from .timer import cpu_timer, cuda_timer
+from .timer import cpu_timer, cuda_graph_timer, cuda_timer
 from .tune import BucketResult, RepeatReport, repeat_report, tune, tune_bucket
 
 __all__ = ["BACKEND_KNOBS", "backend_options", "BucketResult", "Choice", "Entry", "KernelSpace", "Lookup", "RepeatReport", "Result",
            "Runner", "Space", "StaleTableWarning", "Store", "Table", "Tables", "Target",
-           "bucket_str", "capture", "choose", "cpu_timer", "cuda_timer", "current_versions",
+           "bucket_str", "capture", "choose", "cpu_timer", "cuda_graph_timer", "cuda_timer", "current_versions",
            "declare", "default_lookup", "default_store", "device_family", "device_key",
            "get_space", "jit_source", "parse_bucket", "pow2_bucket", "repeat_report", "search", "spaces",
            "tune", "tune_bucket"]

@@ -24,7 +24,7 @@ from . import capture
 from .declare import Target, get_space, parse_bucket, spaces
 from .lookup import Lookup
 from .table import Table, Tables, device_family
-from .timer import cpu_timer, cuda_timer
+from .timer import cpu_timer, cuda_graph_timer, cuda_timer
 from .tune import repeat_report, tune
 
 
@@ -130,7 +130,7 @@ def cmd_tune(args, tables: Tables) -> int:
         major, minor = torch.cuda.get_device_capability()
         arch = (torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
                 if getattr(torch.version, "hip", None) else f"sm_{major}{minor}")
-        timer = cuda_timer
+        timer = cuda_graph_timer if args.timer == "graph" else cuda_timer
     else:
         name, arch, timer = args.device_name or "cpu", "cpu", cpu_timer
     target = Target.for_arch(arch) if arch != "cpu" else Target("cpu", "cpu", 1 << 30, 1)
@@ -221,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repeats", type=int, default=3, help="timings per config (median, spread)")
     s.add_argument("--device", choices=["cuda", "cpu"])
     s.add_argument("--device-name", help="table to write (default: this GPU's device key)")
+    s.add_argument("--timer", choices=["eager", "graph"], default="eager",
+                   help="CUDA timing: eager launches (CUDA events) or replays of a CUDA graph "
+                        "of 20 calls (no host launch cost; falls back to eager when a launch "
+                        "cannot be captured; not yet run on a GPU)")
     s.add_argument("--limit", type=int,
                    help="time at most N configs per bucket (the heuristic + a fixed draw)")
     s.add_argument("--json", help="write every bucket's pick, heuristic time and the repeat "

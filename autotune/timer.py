@@ -32,3 +32,43 @@ def cuda_timer(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50) ->
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def cuda_graph_timer(fn: Callable[[], object], *, calls: int = 20, replays: int = 5,
+                     warmup: int = 3) -> float:
+    """Median µs per call of `calls` launches captured into one CUDA graph and replayed
+    `replays` times: the device time without the host's launch path, which dominates eager
+    timings of kernels under ~100 µs (benchmarks/RESULTS.md, issue 19). Falls back to
+    `cuda_timer` when `fn` cannot be captured (a host sync or a plan built per call).
+    Not yet run on a GPU: opt-in (`--timer graph`)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):             # allocations of the first calls off the graph
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except Exception:  # noqa: BLE001 - not capturable: time it eagerly
+        torch.cuda.synchronize()
+        return cuda_timer(fn)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    graph.reset()
+    return statistics.median(times)

@@ -52,14 +52,18 @@ PLAN = [
 ]
 
 
+TIMER = "eager"   # --timer
+
+
 def _dump(path: str, obj) -> None:
     Path(path).write_text(json.dumps(obj, indent=1, default=str) + "\n")
 
 
 def _tune_one(ks, problem, limit, target, user, rows, device="cuda"):
-    from autotune import cpu_timer, cuda_timer, repeat_report, tune_bucket
+    from autotune import cpu_timer, cuda_graph_timer, cuda_timer, repeat_report, tune_bucket
     from autotune.tune import _entry
-    timer = cuda_timer if device == "cuda" else (lambda fn: cpu_timer(fn, warmup=0, iters=1))
+    timer = (cuda_graph_timer if TIMER == "graph" else cuda_timer) if device == "cuda" else \
+        (lambda fn: cpu_timer(fn, warmup=0, iters=1))
     t0 = time.monotonic()
     row = {"kernel": ks.kernel, "problem": problem, "limit": limit}
     try:
@@ -102,7 +106,7 @@ def cmd_tune(a) -> None:
     start = time.monotonic()
     out = {"device": name, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
            "rows": rows, "date": time.strftime("%Y-%m-%d"),
-           "timer": "autotune.cuda_timer, 3 repeats"}
+           "timer": f"autotune.{'cuda_graph_timer' if TIMER == 'graph' else 'cuda_timer'}, 3 repeats"}
     done = set()
     plan = PLAN if not a.smoke else [  # a CPU dry run: tiny problems, two configs
         (k, {n: (min(v, 64) if isinstance(v, int) else v)
@@ -212,7 +216,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script's code")
     ap.add_argument("--smoke", action="store_true", help="tune: tiny problems (CPU dry run)")
+    ap.add_argument("--timer", choices=["eager", "graph"], default="eager",
+                    help="tune: CUDA events around eager calls, or CUDA-graph replays")
     a = ap.parse_args()
+    global TIMER
+    TIMER = a.timer
     {"tune": cmd_tune, "engine": cmd_engine, "window": cmd_window}[a.cmd](a)
 
 

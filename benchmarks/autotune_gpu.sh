@@ -34,7 +34,7 @@ if [ "$DEVICE" != cuda ]; then SMOKE="--device cpu --smoke"; else SMOKE=""; fi
 
 stamp "tune + repeat"
 TSKERNELS_CACHE="$W/cacheA" timeout "${TUNE_S:-105}" python benchmarks/autotune_gpu.py tune \
-    --budget "${TUNE_BUDGET:-80}" --json "$OUT/autotune_tune.json" $SMOKE 2>&1 \
+    --budget "${TUNE_BUDGET:-80}" --timer "${TIMER:-eager}" --json "$OUT/autotune_tune.json" $SMOKE 2>&1 \
     | grep -v -i warn | tail -40
 cp "$W"/cacheA/autotune/*.json "$OUT/autotune_user_tune.json" 2>/dev/null
 
