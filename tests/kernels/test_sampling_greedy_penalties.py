@@ -73,6 +73,23 @@ def test_greedy_variants_on_ties_inf_nan(kernel_device):
             assert torch.equal(got, want), (variant, chunk, got, want)
 
 
+@pytest.mark.gpu
+def test_greedy_ticket_replays_in_cuda_graph():
+    """The one-launch argmax re-arms its counters: graph replays (new logits copied in) keep
+    matching torch.argmax."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(64, 151936, device="cuda", generator=gen)
+    tg.argmax(x, variant="ticket")  # eager first: allocates the counters
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tg.argmax(x, variant="ticket")
+    for _ in range(3):
+        x.copy_(torch.randn(64, 151936, device="cuda", generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.argmax(x, dim=-1))
+
+
 def penalty_problem(b, v, length, nb, gen, device):
     ids = lambda n: torch.randint(-2, v + 2, (b, n), generator=gen)  # noqa: E731
     lens = lambda n: torch.randint(0, n + 1, (b,), generator=gen)  # noqa: E731

@@ -1,8 +1,9 @@
 """Triton sampling kernels: greedy argmax over a large vocabulary (split-V).
 
-Default ("ticket"): one launch; each (row, chunk) program loads its whole chunk at once and
-the row's last program to arrive reduces the partials (no second launch, no drained gap
-between two kernels). "two_stage" (the first measured design):
+Default "two_stage": partials, then a reduction launch. "ticket" (one launch: each (row,
+chunk) program loads its whole chunk at once and the row's last program to arrive reduces the
+partials) measured slower on the H200 (B=64: 17.5-23.4 us over its chunk / warps sweep vs
+14.6; benchmarks/RESULTS.md, issue 23), so it is kept for sweeps only.
 Stage 1 gives each (row, chunk) program CHUNK logits; every lane keeps the first maximum it
 sees (strict >), so one reduction at the end gives the chunk's lowest-index maximum. Stage 2
 reduces a row's chunk partials. NaN wins like in torch.argmax (first NaN index), -0.0 == 0.0,
@@ -108,12 +109,14 @@ _counters: dict[torch.device, torch.Tensor] = {}
 
 
 def _ticket_counters(device: torch.device, batch: int) -> torch.Tensor:
-    """Per-row arrival counters of the device, zeroed once and re-armed by the kernel; grown
-    (a fresh zeroed buffer) when a bigger batch comes. Allocate before graph capture (the
-    serving warm-up runs the largest batch first)."""
+    """Per-row arrival counters of the device, zeroed once and re-armed by the kernel; a
+    bigger batch gets a fresh zeroed buffer. Calls on one device share them, so they are
+    stream-ordered like the kernels' other workspaces; the first call should run eagerly
+    (outside graph capture), as an engine's warm-up does."""
     cnt = _counters.get(device)
     if cnt is None or cnt.numel() < batch:
-        cnt = _counters[device] = torch.zeros(max(batch, 256), dtype=torch.int32, device=device)
+        cnt = _counters[device] = torch.zeros(max(batch, 1024), dtype=torch.int32,
+                                              device=device)
     return cnt
 
 
@@ -136,15 +139,16 @@ def _chunk(batch: int, vocab: int) -> int:
 
 
 VARIANTS = ("ticket", "two_stage")
-VARIANT = "two_stage"  # "ticket" is not yet run on a GPU
+VARIANT = "two_stage"
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
-           variant: str | None = None, chunk: int | None = None) -> torch.Tensor:
+           variant: str | None = None, chunk: int | None = None,
+           num_warps: int = 8) -> torch.Tensor:
     """Row argmax of logits [B, V] (last dim contiguous) -> int64 [B]; no host sync.
     variant: "ticket" (one launch, last program of a row reduces) or "two_stage" (partials,
     then a reduction launch); chunk overrides the ticket variant's chunk (a power of two,
-    for sweeps)."""
+    for sweeps; num_warps likewise)."""
     batch, vocab = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device) if out is None else out
     if batch == 0:
@@ -162,7 +166,7 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
         _argmax_ticket[(batch, n_chunks)](logits, val, idx, nan, _ticket_counters(dev, batch),
                                           out, vocab, logits.stride(0), n_chunks, CHUNK=chunk,
                                           BLOCK_S=max(16, triton.next_power_of_2(n_chunks)),
-                                          num_warps=8)
+                                          num_warps=num_warps)
         return out
     tcfg = _tune.greedy_config(batch, vocab, logits.dtype, logits.device)
     chunk = tcfg["chunk"] or _chunk(batch, vocab)

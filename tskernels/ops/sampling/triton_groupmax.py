@@ -195,10 +195,13 @@ def _gm_compact(x_ptr, t_ptr, gm_ptr, plan_ptr, bound_ptr, cs_ptr, ci_ptr, V, st
 
 
 def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=None,
-        num_logprobs: int = 0, cmax: int = ts.CMAX, gmax: int = GMAX):
+        num_logprobs: int = 0, cmax: int = ts.CMAX, gmax: int = GMAX,
+        tuning: dict | None = None):
     """Launch the pipeline (module doc); returns SampleOutput. cmax: candidate buffer size,
     gmax: groups the plan program gathers (tests shrink both to drive rows down the
-    compaction and bisection paths)."""
+    compaction and bisection paths); tuning: launch overrides for sweeps ({"stats_warps",
+    "plan_warps"})."""
+    tuning = tuning or {}
     from tskernels_ref.sampling import SampleOutput
 
     batch, vocab = logits.shape
@@ -211,7 +214,8 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     top_k = top_k.clamp(min=-1, max=vocab).to(torch.int32)
     chunk = ts.chunk_size(vocab)
     S = triton.cdiv(vocab, chunk)
-    if batch * S * chunk >= 2**31 or batch * cmax >= 2**31:
+    # int32 offsets index the group maxima and the candidate buffers (logits use int64)
+    if batch * S * (chunk // G) >= 2**31 or batch * max(cmax, gmax) >= 2**31:
         raise ValueError(f"logits: {batch} rows x {S} chunks of {chunk} overflow the sampler's "
                          f"int32 workspace offsets; sample fewer rows per call")
     block_s = max(16, triton.next_power_of_2(S))
@@ -233,11 +237,12 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     grid2 = (batch, S)
     c_small = min(ts.C_SMALL, cmax)
     _gm_stats[grid2](logits, temperature, part, gm, vocab, stride, S, CHUNK=chunk, G=G,
-                     num_warps=8)
+                     num_warps=tuning.get("stats_warps", 8))
     _gm_plan[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, part, gm, stat,
                        plan, bound, gid, cs, ci, tok, lp, vocab, stride, S, CHUNK=chunk, G=G,
                        BLOCK_S=block_s, NGP=ngp, GMAX=gmax, CMAX=cmax, C_SMALL=c_small,
-                       ITERS=ITERS, WINDOW=WINDOW, MINP_MARGIN=MINP_MARGIN, num_warps=8)
+                       ITERS=ITERS, WINDOW=WINDOW, MINP_MARGIN=MINP_MARGIN,
+                       num_warps=tuning.get("plan_warps", 8))
     _gm_compact[grid2](logits, temperature, gm, plan, bound, cs, ci, vocab, stride, S,
                        CHUNK=chunk, G=G, CMAX=cmax, num_warps=8)
     ts._finish[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, stat, plan,
