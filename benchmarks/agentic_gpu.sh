@@ -5,7 +5,7 @@
 #   STAGE=engine: GPU tests of overlap / graph sampling (tests/serve/test_overlap.py) and the
 #     in-process figures (benchmarks/agentic_engine_bench.py): conc-1 later-turn TTFT on a 50k
 #     context, prefix hit, uncached ratio, B=1 ITL vs SoL, host gap at B=64 overlap on / off
-#   STAGE=gap: the GPU tests, then the B=64 host gap alone; STAGE=all: gap, then http
+#   STAGE=gap: the B=64 host gap alone, then the GPU tests; STAGE=all: gap, then http
 #   STAGE=http: `python -m serve.bench agentic` sweeps over the OpenAI API for the dummy
 #     Llama-3-8B (+ a prefix-cache-off run at conc 1) and the Qwen3-30B-A3B-shaped MoE; Pareto PNGs
 # Env: CONC (sweep, "1,4,8"), TURNS (3), OUTPUT (64), LLAMA / MOE (model specs); for a CPU dry
@@ -27,7 +27,7 @@ MOE=${MOE:-dummy:benchmarks/configs/qwen3-30b-a3b-64k.json}
 MOE_BACKENDS=${MOE_BACKENDS-moe.topk_softmax=triton,moe.align_by_expert=triton,moe.fused_experts=triton}
 
 tests() {
-  timeout "${TEST_S:-45}" python -m pytest -m gpu -q -x -p no:cacheprovider tests/serve/test_overlap.py \
+  timeout "${TEST_S:-60}" python -m pytest -m gpu -q -x -p no:cacheprovider tests/serve/test_overlap.py \
       > "$OUT/agentic_gpu_tests.log" 2>&1
   echo "gpu tests rc $?"; tail -3 "$OUT/agentic_gpu_tests.log"
 }
@@ -36,13 +36,20 @@ if [ "$STAGE" = engine ]; then
       --json "$OUT/agentic_engine_llama8b.json" 2>&1 | grep -v -i warn | tail -8
   tests
 fi
-if [ "$STAGE" = gap ] || [ "$STAGE" = all ]; then   # tests, then the B=64 host gap alone
-  tests
+if [ "$STAGE" = gap ] || [ "$STAGE" = all ]; then   # the B=64 host gap alone, then the tests
   timeout "${ENGINE_S:-60}" python benchmarks/agentic_engine_bench.py --model "$LLAMA" --skip-conc1 \
       --gap-steps 100 --json "$OUT/agentic_engine_gap_llama8b.json" 2>&1 | grep -v -i warn | tail -4
+  tests   # (its Triton JIT on a cold cache took > 35 s: TEST_S 60)
 fi
 
+gpu_idle() {  # the previous server's engine process may still hold its GPU memory for seconds
+  for _ in $(seq 60); do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+    [ -z "$used" ] || [ "$used" -lt 4000 ] && return; sleep 0.5
+  done
+}
 bench() {  # label model json-name extra-server-args extra-bench-args
+  gpu_idle
   timeout "${BENCH_S:-80}" python -m serve.bench agentic \
       --launch "$2 --device ${DEVICE:-cuda} --max-model-len ${MAXLEN:-57344} --max-num-seqs 8 $4" \
       --endpoint completions --concurrency "$6" --sessions-factor 1 \
