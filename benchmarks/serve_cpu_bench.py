@@ -1,9 +1,9 @@
-"""CPU serving figure: tokens/s of the Engine (fp32 and int8 weight-only) vs HF transformers
+"""CPU serving figure: tokens/s of the Engine (fp32, int8 and 4-bit weight-only) vs HF transformers
 `generate` (fp32) vs llama.cpp (its C API, when the bindings and library are found) on SmolLM2-135M-Instruct,
 same prompt, greedy, batch 1 and 8, measured in one run (interleaved repeats, medians).
 
     python benchmarks/serve_cpu_bench.py [--new-tokens 64] [--repeats 5] [--threads 2]
-        [--modes engine-fp32 engine-int8 hf-fp32 llama.cpp] [--json out.json]
+        [--modes engine-fp32 engine-int8 engine-int4 hf-fp32 llama.cpp] [--json out.json]
 
 Every side generates exactly --new-tokens per sequence (the engine ignores EOS; HF gets
 min_new_tokens; llama.cpp's argmax masks EOS) and is timed twice per repeat: the whole call (prefill included)
@@ -26,7 +26,8 @@ import time
 import torch
 
 PROMPT = "Write a short story about a robot who learns to paint, in five sentences."
-MODES = ("engine-fp32", "engine-int8", "hf-fp32", "llama.cpp")
+MODES = ("engine-fp32", "engine-int8", "engine-int4", "hf-fp32", "llama.cpp")
+QUANT = {"engine-int8": "int8", "engine-int4": "int4"}
 
 
 def cpu_flags() -> list[str]:
@@ -87,7 +88,7 @@ def main() -> None:
                 llama_cpp_system_info=llama_cpp_info, rows=rows)
     for b in a.batch:
         r = {x["mode"]: x for x in rows if x["batch"] == b}
-        for m in ("engine-fp32", "engine-int8"):
+        for m in ("engine-fp32", "engine-int8", "engine-int4"):
             if m in r and "hf-fp32" in r:
                 print(f"batch {b}: {m} / HF whole {r[m]['whole_tok_s'] / r['hf-fp32']['whole_tok_s']:.2f}x")
             if m in r and "llama.cpp" in r:
@@ -107,7 +108,7 @@ def build(a, llama_cpp_info: list) -> dict:
     for m in a.modes:
         if m.startswith("engine"):
             e = Engine("default", device="cpu", enable_prefix_caching=False,
-                       quantization="int8" if m == "engine-int8" else "none",
+                       quantization=QUANT.get(m, "none"),
                        dtype="float32", threads=a.threads)
             tok = e.tokenizer
 

@@ -41,13 +41,21 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return k(a, q, scale, out_dtype=out_dtype)
 
 
+# int4 mode quantizes the activations too (per group of 32 to int8, integer dot products: GGUF's
+# Q4_1 x Q8_1), at every batch size and in prefill, so that a request's tokens do not depend on
+# what it is batched with. It halves the CPU work per weight of widening the 4-bit groups to
+# float and is the fastest batch-1 decode measured; at batch 8 int8 weights are faster
+# (benchmarks/RESULTS.md, issue 22), which is why "auto" stays int8.
+INT4_ACT_INT8 = True
+
+
 def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """c = a @ W.T, W 4-bit in groups of 32 (tskernels.gemm.q4w_mm), bound once."""
+    """c = a @ W.T, W 4-bit in groups of 32 (tskernels.gemm.q4w_mm, act_int8), bound once."""
     c = out_dtype or a.dtype
     k = bound_ops.bind(("q4w_mm", a.dtype, c), "gemm", "q4w_mm",
                        lambda: dict(formats={"a": fmt(a.dtype), "b": "uint4", "c": fmt(c)}))
-    return k(a, q, scale, mins, out_dtype=out_dtype)
+    return k(a, q, scale, mins, act_int8=INT4_ACT_INT8, out_dtype=out_dtype)
 
 
 def quantize_int4(model) -> int:
