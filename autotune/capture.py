@@ -32,8 +32,15 @@ def enable(path: str | os.PathLike) -> None:
     global _path, _registered
     with _lock:
         _path = Path(path)
-        for s in load(_path) if _path.exists() else []:
-            _counts[(s["kernel"], s["device"], s["bucket"])] += s["count"]
+        try:
+            rows = load(_path) if _path.exists() else []
+            for s in rows:
+                _counts[(s["kernel"], s["device"], s["bucket"])] += s["count"]
+        except (ValueError, KeyError, TypeError) as e:   # JSONDecodeError is a ValueError
+            import warnings
+            warnings.warn(f"autotune capture: {_path} is not a readable capture file ({e}); "
+                          "counting starts afresh and overwrites it", UserWarning, stacklevel=2)
+            _counts.clear()
         if not _registered:
             atexit.register(flush)
             _registered = True

@@ -62,7 +62,12 @@ def tune_missing(rows: Iterable[Mapping], *, budget_s: float, device: str, devic
             report.skipped.append({"kernel": row["kernel"], "bucket": row["bucket"], "why": why})
             continue
         problem = parse_bucket(row["bucket"])
-        ch = look.choose(ks, problem, device_name, record=False, target=target)
+        try:
+            ch = look.choose(ks, problem, device_name, record=False, target=target)
+        except Exception as e:  # noqa: BLE001 - a bad row or table must not stop the window
+            report.skipped.append({"kernel": ks.kernel, "bucket": row["bucket"],
+                                   "why": f"lookup failed: {type(e).__name__}: {str(e)[:200]}"})
+            continue
         if ch.link == "exact" and not (ch.entry and ch.entry.evidence == PARTIAL):
             report.skipped.append({"kernel": ks.kernel, "bucket": row["bucket"],
                                    "why": "has an entry"})

@@ -159,10 +159,17 @@ def engine_start(capture_path: str | None, window_s: float, device, *,
     from autotune import cuda_timer
     tgt = _target(dev) or Target("cpu", "cpu", 1 << 30, 1)
     kw = {"clock": clock} if clock is not None else {}
-    rep = tune_missing(capture.load(path), budget_s=float(window_s), device=str(dev),
-                       device_name=_device_name(dev), target=tgt, timer=timer or cuda_timer,
-                       tables=tables, **kw)
-    default_lookup().invalidate()
     import logging
-    logging.getLogger("tskernels.tuning").info("%s", rep.summary())
+    log = logging.getLogger("tskernels.tuning")
+    try:
+        rep = tune_missing(capture.load(path), budget_s=float(window_s), device=str(dev),
+                           device_name=_device_name(dev), target=tgt,
+                           timer=timer or cuda_timer, tables=tables, **kw)
+    except Exception as e:  # noqa: BLE001 - the engine starts without the window's results
+        log.warning("autotune start-up window failed (%s: %s); serving with the tables as "
+                    "they are", type(e).__name__, e)
+        return None
+    finally:
+        default_lookup().invalidate()
+    log.info("%s", rep.summary())
     return rep

@@ -131,3 +131,18 @@ def test_engine_args_take_the_flags():
     ns = build_parser().parse_args(["--capture-shapes", "s.json", "--tune-window", "45"])
     kw = engine_kwargs(ns)
     assert kw["capture_shapes"] == "s.json" and kw["tune_window_s"] == 45.0
+
+
+def test_a_broken_capture_file_never_stops_the_engine(tmp_path):
+    from tskernels.tuning import engine_start
+    path = tmp_path / "shapes.json"
+    tables = Tables(tmp_path / "u", tmp_path / "s")
+    try:
+        for text in ('{"format": 1, "shapes": [{"kernel": "x"}]}', "not json"):
+            path.write_text(text)
+            with pytest.warns(UserWarning, match="capture"):
+                rep = engine_start(str(path), 10, "cpu", timer=_timer, tables=tables)
+            assert rep is None and capture.enabled()       # counting starts afresh
+            capture.disable()
+    finally:
+        capture.disable()
