@@ -200,8 +200,10 @@ class MLAPlan(PlanBase):
                 max_new_tokens == 1 and not causal, dev, heads=num_heads, kv_dtype=kv_dtype,
                 batch=B0, max_seq_len=max_seq_len or page_table.shape[1] * page_size,
                 new_tokens=max(1, max_new_tokens), nvidia=nvidia)
-            bn, nw, ns = ch.config["block_n"], ch.config["num_warps"], ch.config["num_stages"]
-            num_splits = ch.config["num_splits"] or None
+            if arch not in CDNA_ARCHS or ch.link != "heuristic":  # (CDNA: its own configs)
+                bn, nw, ns = ch.config["block_n"], ch.config["num_warps"], \
+                    ch.config["num_stages"]
+                num_splits = ch.config["num_splits"] or None
             self.tuned_from = ch.link
         self.block_n = block_n or (bn if gpu else 16)
         self.num_warps = num_warps or (nw if gpu else 4)
