@@ -78,3 +78,17 @@ if [ "$STAGE" = recheck2 ]; then  # the two that failed in recheck: no C++ build
     --kernel "serve.grammar_mask=tests/serve/test_token_bitmask.py" \
     2>&1 | tail -15
 fi
+
+if [ "$STAGE" = final ]; then  # session 11's last call: serving (overlap, graph sampling), conformance, MoE experts
+  pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
+  export TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache
+  cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
+  python -c "import scheduler._core" || python -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+  timeout ${TIER_TIMEOUT:-230} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-230} - 15 )) --out "$OUT/gpu_tier_final.json" $P \
+    --kernel serve.overlap=tests/serve/test_overlap.py \
+    --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
+    --kernel serve.grammar_mask=tests/serve/test_token_bitmask.py \
+    --kernel moe.fused_experts.triton=$K/test_moe_experts.py \
+    --kernel conformance=tests/registry/test_conformance.py \
+    2>&1 | tail -25
+fi

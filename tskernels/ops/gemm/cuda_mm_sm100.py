@@ -20,10 +20,10 @@ import torch
 
 from .. import cuda_driver
 from ...registry import Capability, register
+from ._sm100 import ARCHS, _pad_k, nvcc_options
 
 SOURCE = Path(__file__).with_name("cuda") / "gemm_tcgen05.cu"
 KERNEL = "gemm_tcgen05_kernel"
-ARCHS = {(10, 0): "sm_100a", (10, 3): "sm_103a"}
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES = 128, 256, 64, 4
 THREADS = 192
 TMEM_COLUMNS = BLOCK_N  # the fp32 accumulator [128 x 256]: one row per lane
@@ -38,22 +38,6 @@ def smem_bytes() -> int:
 def grid(m: int, n: int) -> tuple[int, int]:
     """(tiles along N, tiles along M): the launch grid."""
     return -(-n // BLOCK_N), -(-m // BLOCK_M)
-
-
-def nvcc_options(fp16: bool, out_fp16: bool) -> tuple[str, ...]:
-    return ("-std=c++17", cuda_driver.INCLUDE, *(("-DFP16",) if fp16 else ()),
-            *(("-DOUT_F16",) if out_fp16 else ()))
-
-
-def _pad_k(t: torch.Tensor, k8: int) -> torch.Tensor:
-    """t [rows, K] with unit last stride, 16-byte-aligned rows and base (TMA's requirements),
-    zero columns up to k8 (zeros add nothing to the products)."""
-    if t.shape[1] == k8 and t.stride(1) == 1 and t.stride(0) % 8 == 0 and \
-            t.data_ptr() % 16 == 0:
-        return t
-    out = t.new_zeros(t.shape[0], k8)
-    out[:, :t.shape[1]] = t
-    return out
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None

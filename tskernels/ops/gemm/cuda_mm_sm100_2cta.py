@@ -24,7 +24,7 @@ import torch
 
 from .. import cuda_driver
 from ...registry import Capability, register
-from .cuda_mm_sm100 import ARCHS, _pad_k, nvcc_options
+from ._sm100 import ARCHS, _pad_k, nvcc_options
 
 SOURCE = Path(__file__).with_name("cuda") / "gemm_tcgen05_2cta.cu"
 KERNEL = "gemm_tcgen05_2cta_kernel"
