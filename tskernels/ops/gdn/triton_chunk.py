@@ -18,6 +18,8 @@ program to its sequence by binary search, and programs past the last chunk exit
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -277,6 +279,35 @@ def _prec(dtype: torch.dtype) -> bool:
     return dtype == torch.float32
 
 
+# AMD CDNA (wave 64) launches per arch: heuristic, not run (no AMD GPU); the compile matrix
+# shows MFMA, no scratch and LDS within the arch for each (tests/compile/resources.json). The
+# NVIDIA launches above are the run-verified ones and stay as they are.
+CDNA_ARCHS = ("gfx942", "gfx950")
+# state kernel (value columns, stages). 16 columns: Qwen3-Next's 32 value heads x 128 values
+# make 256 programs a sequence (32 columns: 128) for MI300X's 304 / MI355X's 256 CUs, on a
+# chain of chunks that is serial within a program. Stages: gfx942 keeps one W / K prefetch
+# buffer (2 stages, 36 KB of its 64 KB of LDS; the NVIDIA launch's 3 stages at 32 columns took
+# 72 KB), gfx950 two (3 stages, 68 KB of 160 KB)
+CDNA_STATE = {"gfx942": (16, 2), "gfx950": (16, 3)}
+# WY and state kernels: 16 x 16 MFMA (the WY solve's sub-blocks are 16 rows; 16 value
+# columns in the state kernel). The WY kernel keeps 4 waves (one per SIMD of a CU; 2 waves
+# saved 4 of 248 VGPRs) and the output kernel NVIDIA's 8 at V >= 128 (4 waves took 327 VGPRs,
+# one wave per SIMD; 8: 232) with the compiler's 32 x 32 MFMA for its 64 x 128 tiles
+CDNA_OPTIONS = {"matrix_instr_nonkdim": 16}
+_arch: dict[torch.device, str | None] = {}
+
+
+def cdna_arch(device: torch.device) -> str | None:
+    """"gfx942" / "gfx950" on those AMD GPUs (their own launches above), else None."""
+    if device.type != "cuda" or torch.version.hip is None:
+        return None
+    if device not in _arch:
+        from ...platform import platform_of
+        arch = platform_of(device).arch
+        _arch[device] = arch if arch in CDNA_ARCHS else None
+    return _arch[device]
+
+
 @register("gdn", "chunk_prefill", **TRITON, formats=FORMATS,
           traits={"head_dim_k": head_dim_ok, "head_dim_v": head_dim_ok},
           tags=("deterministic", "throughput"), compile_cases=lambda: _cases())
@@ -312,16 +343,20 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
     log_n = search_steps(num_seqs)
     prec = _prec(dt)
+    arch = cdna_arch(dev)
+    amd = dict(CDNA_OPTIONS) if arch else {}
     if max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
                                      K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                      RELOAD_K=tuning.get("wy_reload", dk >= 128),
-                                     num_warps=tuning.get("wy_warps", 4))
+                                     num_warps=tuning.get("wy_warps", 4), **amd)
     h0 = initial_state.contiguous().float() if initial_state is not None else final
-    bv = min(dv, tuning.get("state_bv", 32))
+    state_bv, state_stages = CDNA_STATE[arch] if arch else (32, None)
+    bv = min(dv, tuning.get("state_bv", state_bv))
+    stages = {"num_stages": state_stages, **amd} if arch else {}
     _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
                                              K=dk, V=dv, BV=bv, HAS_H0=initial_state is not None,
-                                             PREC=prec, num_warps=4)
+                                             PREC=prec, num_warps=4, **stages)
     if max_chunks:
         _output_kernel[(max_chunks, hv)](q, k, vn, h, G, o, cu, coff, num_seqs, scale, HK=hk,
                                          HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
@@ -339,7 +374,7 @@ def _cases():
     out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
            "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "N": "i32", "scale": "fp32"}
     heads = dict(HK=16, HV=32, K=128, V=128, PREC=False)
-    return [
+    nvidia_cases = [
         # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
         # 4 warps (two programs per SM) with the key reload: 24 bytes spilled on sm_90 and
         # 1.37x faster than the spill-free 8-warp launch (benchmarks/RESULTS.md, issue 23)
@@ -352,3 +387,18 @@ def _cases():
         CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "rows": "i32"},
                     dict(D=128, ROWS=16), num_warps=4, label="l2norm"),
     ]
+    # the dot cases above are the NVIDIA launches; CDNA builds its own (chunk_prefill on
+    # gfx942 / gfx950)
+    nvidia = tuple(t for t in TRITON["compiled"] if t.startswith("sm_"))
+    out = [dataclasses.replace(c, targets=nvidia) if c.uses_dot else c for c in nvidia_cases]
+    opts = tuple(CDNA_OPTIONS.items())
+    for arch in CDNA_ARCHS:
+        bv, ns = CDNA_STATE[arch]
+        wy, st, o = nvidia_cases[:3]
+        # (WY / output: AMD's default 2 stages, as launched; neither has a pipelined loop)
+        out += [dataclasses.replace(wy, targets=(arch,), num_stages=2, options=opts,
+                                    label=f"wy_{arch}"),
+                dataclasses.replace(st, constexprs=dict(st.constexprs, BV=bv), num_stages=ns,
+                                    targets=(arch,), options=opts, label=f"state_{arch}"),
+                dataclasses.replace(o, targets=(arch,), num_stages=2, label=f"output_{arch}")]
+    return out

@@ -157,6 +157,9 @@ GEMV = declare(KernelSpace(
     prune=lambda cfg, p, t: "the 16-bit streaming kernel takes M <= 16" if p["M"] > 16
     else _stream_prune(cfg, p, t, 2),
     source=lambda: jit_source(_gemv()._stream_kernel), runner=_mm_runner,
+    # CDNA: the heuristic link takes triton_gemv.CDNA_STREAM_CONFIGS (stream_config)
+    arch_knobs={"amd": {"waves_per_eu": [0, 2, 4], "matrix_instr_nonkdim": [16]}},
+    arch_defaults={"amd": {"matrix_instr_nonkdim": 16}},
     parse=tuning.parse_shape, example={"M": 1, "N": 4096, "K": 4096, "dtype": "bf16"},
     shapes=tuple({"M": m, "N": n, "K": k, "dtype": "bf16"} for m in (1, 16)
                  for n, k in LLAMA_PROJ)))
@@ -206,5 +209,15 @@ def stream_config(m: int, n: int, k: int, fp8: bool, dtype, device) -> dict:
     if device.type != "cuda" or (not fp8 and m > 16):
         return dict(g.STREAM_CONFIGS[("fp8" if fp8 else "16bit", _mpad(m))])
     p = {"M": m, "N": n, "K": k}
+    arch = None if fp8 else cdna_arch(device)
+    if arch is not None:
+        # CDNA: a tuned entry where one applies, else the arch's table (tiles and knobs)
+        c = tuning.choice(GEMV, dict(p, dtype=_fmt(dtype)), device)
+        return dict(c.config) if c.link != "heuristic" else dict(g.CDNA_STREAM_CONFIGS[arch])
     return tuning.config(FP8_STREAM, p, device) if fp8 else \
         tuning.config(GEMV, dict(p, dtype=_fmt(dtype)), device)
+
+
+def cdna_arch(device: torch.device) -> str | None:
+    """The CDNA arch with its own GEMM tables ("gfx942", "gfx950"), or None."""
+    return _mm().cdna_arch(device)

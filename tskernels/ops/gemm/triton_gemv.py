@@ -25,10 +25,14 @@ streams of one device must not both split (the engines we serve run one stream p
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from autotune import backend_options
 
 from ...compile import CompileCase
 from . import _tune
@@ -131,6 +135,17 @@ STREAM_CONFIGS = {
 }
 # programs per SM the split aims for (enough resident tiles to keep the DRAM queues full)
 TARGET_PROGRAMS_PER_SM = 4
+# AMD CDNA (wave 64), 16-bit weights, per arch: heuristic, not run (no AMD GPU); the compile
+# matrix shows MFMA, no scratch and LDS within the arch. The split above wants 4 programs
+# resident per CU, and AMD's pipeliner holds num_stages - 1 weight + x tiles in LDS: the
+# NVIDIA 4-stage 64 x 128 config takes 60 KB there, one program per CU. 4 waves: one per SIMD;
+# 16 x 16 MFMA: the <= 16 tokens are padded to 16 rows (a 32-row MFMA would compute padding)
+CDNA_STREAM_CONFIGS = {
+    # 64 KB LDS: one 64 x 64 buffer (10 KB, 52 VGPRs) lets 4 programs share a CU
+    "gfx942": dict(BN=64, BK=64, num_stages=2, num_warps=4, matrix_instr_nonkdim=16),
+    # 160 KB LDS: two 64 x 128 buffers (40 KB, 84 VGPRs), 4 programs per CU
+    "gfx950": dict(BN=64, BK=128, num_stages=3, num_warps=4, matrix_instr_nonkdim=16),
+}
 # programmatic dependent launch of the 16-bit kernel on sm_90+ CUDA (a module switch so
 # benchmarks can time both). H200, graph replay (benchmarks/RESULTS.md, issue 24 decode
 # section): 2-4 % faster on the 33-117 MB Llama projections (1 % slower on the 235 MB gate-up),
@@ -188,7 +203,8 @@ def plan(m: int, n: int, k: int, fp8: bool, device: torch.device, config: dict |
     """(config, split, k_split): the tile config and how many K splits (k_split elements each,
     a multiple of BK) give about TARGET_PROGRAMS_PER_SM programs per SM."""
     per_sm = TARGET_PROGRAMS_PER_SM
-    if config is None and not fp8 and m <= 16 and (n, k) in SHAPE_CONFIGS:
+    if config is None and not fp8 and m <= 16 and (n, k) in SHAPE_CONFIGS and \
+            _tune.cdna_arch(device) is None:  # H200-measured shapes
         config, per_sm = SHAPE_CONFIGS[n, k]
     cfg = dict(config or _tune.stream_config(m, n, k, fp8, None, device))
     tiles = triton.cdiv(n, cfg["BN"])
@@ -227,7 +243,7 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         r.stride(0), a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, k_split,
         BN=cfg["BN"], BK=cfg["BK"], MP=mpad(m), BLOCK=block, SPLIT=split > 1, FP8=fp8,
         HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PDL=pdl,
-        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"], **backend_options(cfg),
         **({"launch_pdl": True} if pdl else {}))
     return out
 
@@ -256,10 +272,19 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
                                  num_warps=base.num_warps, num_stages=base.num_stages,
                                  uses_dot=True, aligned=aligned, targets=_PDL_TARGETS,
                                  label=base.label + " pdl"))
+        # the 16-bit cases above are the NVIDIA launches; CDNA builds its own tables' configs
+        cdna = [dataclasses.replace(
+            c, constexprs=dict(c.constexprs, BN=cfg["BN"], BK=cfg["BK"]),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], targets=(arch,),
+            options=tuple(backend_options(cfg).items()), label=f"{c.label} {arch}")
+            for arch, cfg in CDNA_STREAM_CONFIGS.items() for c in cases[:2]]
+        cases = [c if c.targets else dataclasses.replace(c, targets=_NVIDIA_TARGETS)
+                 for c in cases] + cdna
     return cases
 
 
 _PDL_TARGETS = ("sm_90", "sm_100", "sm_120")
+_NVIDIA_TARGETS = ("sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 
 
 # ---- registration ----------------------------------------------------------------------------
