@@ -21,6 +21,8 @@ CONV_FORMATS = {"x": ("fp32", "fp16", "bf16")}
 MAX_WIDTH = 8
 BD = 128  # channels per program (a Python int: passed as the BD constexpr)
 TOK = 16  # tokens per program: [16, 128] tiles keep the W shifted loads in registers
+# AMD CDNA (gfx942 / gfx950) launches the same tiles at 4 waves: no dot, 4 KB of LDS, and wave
+# 64 halves the values a lane holds (150 VGPRs vs sm_90's 255 registers; no scratch)
 
 
 @triton.jit

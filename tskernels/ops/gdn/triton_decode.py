@@ -54,6 +54,9 @@ def _block_v(batch: int, hv: int, dv: int) -> int:
     # on (H200, 32 value heads: B=64 76.0 -> 72.1 us, B=256 293.8 -> 272.6 us, 88.6 / 93.7 %
     # of the copy roofline; the GPU tier ran BV = 64 at K = V = 128). Between 128 and 2048
     # nothing was measured, so 32 stays.
+    # AMD CDNA keeps these blocks and 4 waves (one per SIMD): the kernel streams the fp32 state
+    # (no dot, 512 B of LDS) in rows of 16-64 fp32 values, with the H200's 128 B L2 line, at
+    # 52 VGPRs and no scratch (compile matrix)
     return min(dv, 16 if batch * hv <= 128 else 32 if batch * hv < 2048 else 64)
 
 
