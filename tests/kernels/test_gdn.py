@@ -224,3 +224,18 @@ def test_prefill_launch_variants(kernel_device, tuning):
                                            cu_seqlens=x["cu_seqlens"], use_qk_l2norm=True,
                                            tuning=tuning)
     check_prefill(x, o, final, None, VARIANT_DIMS[0] ** -0.5, True)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the AMD launch options are not CUDA's: the CPU tier runs "
+                                     "the CDNA branch under the interpreter")
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_prefill_cdna_launch(arch, monkeypatch):
+    """The CDNA launches (16-column state blocks, the arch's stages, the MFMA option) give the
+    recurrence's values (the interpreter runs the launch as a gfx942 / gfx950 device gets it)."""
+    from tskernels.ops.gdn import triton_chunk as tc
+
+    monkeypatch.setattr(tc, "cdna_arch", lambda device: arch)
+    x = problem([70, 0, 1, 66], 2, 2, *VARIANT_DIMS, DTYPES[-1], "cpu", 4)
+    o, final = tc.chunk_prefill(*(x[a] for a in ("q", "k", "v", "g", "beta")),
+                                cu_seqlens=x["cu_seqlens"], use_qk_l2norm=True)
+    check_prefill(x, o, final, None, VARIANT_DIMS[0] ** -0.5, True)

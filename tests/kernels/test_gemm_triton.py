@@ -209,3 +209,26 @@ def test_gemv_per_shape_configs(kernel_device, monkeypatch):
     c = tskernels.gemm.gemv(a, b, backend="triton")
     assert_close(c, ref.mm(a.double(), b.double()), baseline=ref.mm(a, b))
     _workspace_clean(kernel_device)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the AMD launch options are not CUDA's: the CPU tier runs the "
+                                   "CDNA configs under the interpreter")
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_gemv_cdna_configs(arch, monkeypatch):
+    """The gfx942 / gfx950 streaming configs (their tiles and MFMA option, as a CDNA device
+    launches them), split and not, give the float64 product; a CDNA device skips the H200
+    per-shape configs."""
+    from tskernels.ops.gemm import _tune
+
+    cfg = triton_gemv.CDNA_STREAM_CONFIGS[arch]
+    for m, n, k in ((3, 64, 2048), (16, 200, 384)):
+        a, b = _operands(m, n, k, torch.float16, "cpu", 5)
+        r = torch.randn(m, n).half()
+        out = torch.empty(m, n, dtype=torch.float16)
+        triton_gemv.stream_mm(a, b, out, residual=r, config=cfg)
+        assert_close(out, ref.gemv(a.double(), b.double(), residual=r.double()),
+                     baseline=ref.gemv(a, b, residual=r), name=f"gemv {arch} {m}x{n}x{k}")
+        _workspace_clean("cpu")
+    monkeypatch.setattr(_tune, "cdna_arch", lambda device: arch)
+    monkeypatch.setattr(triton_gemv, "SHAPE_CONFIGS", {(96, 256): (dict(cfg, BN=32), 8)})
+    assert triton_gemv.plan(1, 96, 256, False, torch.device("cpu"))[0]["BN"] != 32
