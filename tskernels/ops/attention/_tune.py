@@ -1,4 +1,5 @@
-"""Tuning spaces of the Triton extend, merge_states and store_kv kernels (see autotune.declare).
+"""Tuning spaces of the Triton decode, extend, merge_states and store_kv kernels (see
+autotune.declare).
 
 Each kernel keeps its own launch heuristic as the space's heuristic, so without a table entry
 a launch is what it was before the space existed. The kernel modules are imported lazily (they
@@ -35,6 +36,72 @@ def _test_dtype(name: str, device) -> torch.dtype:
     not exact there)."""
     dt = _TORCH.get(name, torch.bfloat16)
     return torch.float16 if dt == torch.bfloat16 and torch.device(device).type != "cuda" else dt
+
+
+# ---- attention.decode ------------------------------------------------------------------------
+DECODE_KERNEL = "attention.decode.triton"
+
+
+def decode_problem(head_dim: int, kv: str, group: int, batch_x_kv_heads: int,
+                 max_seq_len: int) -> dict:
+    return {"d": head_dim, "kv": kv, "g": group, "bh": batch_x_kv_heads, "L": max_seq_len}
+
+
+def _decode_prune(cfg: dict, p, target) -> str | None:
+    block_d = max(16, 1 << (p["d"] - 1).bit_length())
+    kv_bytes = {"fp8": 1, "fp32": 4}.get(p["kv"], 2)
+    smem = cfg["num_stages"] * cfg["block_n"] * block_d * 2 * kv_bytes
+    if smem > target.smem_bytes:
+        return f"{smem} B of K/V stages exceed {target.smem_bytes} B"
+    if cfg["num_splits"] > 1 and cfg["num_splits"] * cfg["block_n"] > p["L"]:
+        return "more splits than key tiles"
+    if p["kv"] == "fp8" and cfg["block_n"] < 32:
+        return "e4m3 dots need >= 32 keys per tile"
+    return None
+
+
+def _decode_runner(p, device):
+    from tskernels_ref.attention import decode as ref_decode
+
+    from ...testing.problems import paged_kv
+    from .triton_decode import DecodePlan
+    hkv = 8 if p["bh"] >= 8 else p["bh"]
+    batch, hq = max(1, p["bh"] // hkv), hkv * p["g"]
+    fp8 = p["kv"] == "fp8"
+    # bf16 as served; fp16 where Triton only interprets (bf16 is not exact there)
+    dt = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
+    kv = paged_kv([p["L"]] * batch, 16, hkv, p["d"], dt, device,
+                  kv_dtype=torch.float8_e4m3fn if fp8 else None, permute=True)
+    q = torch.randn(batch, hq, p["d"], device=device, dtype=dt)
+    scales = dict(k_scale=kv.k_scale, v_scale=kv.v_scale) if fp8 else {}
+
+    def launch(cfg, _inputs):
+        plan = DecodePlan(kv.page_table, kv.seq_lens, num_q_heads=hq, num_kv_heads=hkv,
+                          head_dim=p["d"], page_size=16, q_dtype=q.dtype, kv_dtype=kv.k_cache.dtype,
+                          scale=p["d"] ** -0.5, max_seq_len=p["L"], **cfg)
+        return plan.run(q, kv.k_cache, kv.v_cache, **scales)
+
+    def reference(_inputs):
+        return ref_decode(q.double(), kv.k_cache.double() if not fp8 else kv.k_cache, kv.v_cache.double()
+                          if not fp8 else kv.v_cache, kv.page_table, kv.seq_lens, **scales)
+    return tuning.TensorRunner(lambda d: (), launch, reference, device, rotate=False)
+
+
+# Launch configs of the decode kernel, tuned per bucket of (head dim, KV format, GQA group,
+# batch x KV heads, longest sequence); {} leaves every choice to the plan (split policy and
+# _launch_config) when no table entry applies.
+DECODE = declare(KernelSpace(
+    DECODE_KERNEL,
+    Space(block_n=[16, 32, 64, 128], num_warps=[2, 4, 8], num_stages=[2, 3, 4],
+          num_splits=[1, 2, 4, 8, 16, 32]),
+    key=lambda p: {"d": p["d"], "kv": p["kv"], "g": p["g"], "bh": pow2_bucket(p["bh"]),
+                   "L": pow2_bucket(p["L"])},
+    heuristic=lambda p: {}, prune=_decode_prune,
+    source=lambda: jit_source(__import__(__package__ + ".triton_decode",
+                                         fromlist=["_"])._decode_kernel),
+    arch_knobs={"amd": {"waves_per_eu": [2, 3], "matrix_instr_nonkdim": [16]}},
+    runner=_decode_runner, parse=tuning.parse_shape, exact=("d", "g"),
+    example={"d": 128, "kv": "bf16", "g": 4, "bh": 512, "L": 4096}))
 
 
 # ---- attention.extend ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from autotune import KernelSpace, Space, backend_options, declare, jit_source, pow2_bucket
+from autotune import backend_options
 
 from ... import tuning
 from ...compile import CompileCase
@@ -46,6 +46,9 @@ from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
 from ..shared.split_kv import choose_splits, merge_group, merge_kernel, merge_warps
+# the decode space lives in the family tuning module (attention/_tune.py) with the others
+from ._tune import DECODE as SPACE, DECODE_KERNEL as TUNE_KERNEL  # noqa: F401
+from ._tune import decode_problem as tune_problem
 from ._validate import KV_FORMATS
 from ..shared.triton_math import LN2, LOG2E, fp8_to_f16, kv_scales, safe_tanh
 
@@ -246,68 +249,6 @@ def cdna_launch(arch: str, fp8: bool) -> tuple[int, dict]:
     """(num_stages, backend options) of the decode kernel on gfx942 / gfx950 (fp8: an e4m3
     cache, the keys-on-M form)."""
     return CDNA_STAGES[arch], dict(CDNA_OPTIONS[arch][fp8])
-
-
-TUNE_KERNEL = "attention.decode.triton"
-
-
-def tune_problem(head_dim: int, kv: str, group: int, batch_x_kv_heads: int,
-                 max_seq_len: int) -> dict:
-    return {"d": head_dim, "kv": kv, "g": group, "bh": batch_x_kv_heads, "L": max_seq_len}
-
-
-def _prune(cfg: dict, p, target) -> str | None:
-    block_d = triton.next_power_of_2(max(p["d"], 16))
-    kv_bytes = {"fp8": 1, "fp32": 4}.get(p["kv"], 2)
-    smem = cfg["num_stages"] * cfg["block_n"] * block_d * 2 * kv_bytes
-    if smem > target.smem_bytes:
-        return f"{smem} B of K/V stages exceed {target.smem_bytes} B"
-    if cfg["num_splits"] > 1 and cfg["num_splits"] * cfg["block_n"] > p["L"]:
-        return "more splits than key tiles"
-    if p["kv"] == "fp8" and cfg["block_n"] < 32:
-        return "e4m3 dots need >= 32 keys per tile"
-    return None
-
-
-def _runner(p, device):
-    from tskernels_ref.attention import decode as ref_decode
-
-    from ...testing.problems import paged_kv
-    hkv = 8 if p["bh"] >= 8 else p["bh"]
-    batch, hq = max(1, p["bh"] // hkv), hkv * p["g"]
-    fp8 = p["kv"] == "fp8"
-    # bf16 as served; fp16 where Triton only interprets (bf16 is not exact there)
-    dt = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
-    kv = paged_kv([p["L"]] * batch, 16, hkv, p["d"], dt, device,
-                  kv_dtype=torch.float8_e4m3fn if fp8 else None, permute=True)
-    q = torch.randn(batch, hq, p["d"], device=device, dtype=dt)
-    scales = dict(k_scale=kv.k_scale, v_scale=kv.v_scale) if fp8 else {}
-
-    def launch(cfg, _inputs):
-        plan = DecodePlan(kv.page_table, kv.seq_lens, num_q_heads=hq, num_kv_heads=hkv,
-                          head_dim=p["d"], page_size=16, q_dtype=q.dtype, kv_dtype=kv.k_cache.dtype,
-                          scale=p["d"] ** -0.5, max_seq_len=p["L"], **cfg)
-        return plan.run(q, kv.k_cache, kv.v_cache, **scales)
-
-    def reference(_inputs):
-        return ref_decode(q.double(), kv.k_cache.double() if not fp8 else kv.k_cache, kv.v_cache.double()
-                          if not fp8 else kv.v_cache, kv.page_table, kv.seq_lens, **scales)
-    return tuning.TensorRunner(lambda d: (), launch, reference, device, rotate=False)
-
-
-# Launch configs of the decode kernel, tuned per bucket of (head dim, KV format, GQA group,
-# batch x KV heads, longest sequence); {} leaves every choice to the plan (split policy and
-# _launch_config) when no table entry applies.
-SPACE = declare(KernelSpace(
-    TUNE_KERNEL,
-    Space(block_n=[16, 32, 64, 128], num_warps=[2, 4, 8], num_stages=[2, 3, 4],
-          num_splits=[1, 2, 4, 8, 16, 32]),
-    key=lambda p: {"d": p["d"], "kv": p["kv"], "g": p["g"], "bh": pow2_bucket(p["bh"]),
-                   "L": pow2_bucket(p["L"])},
-    heuristic=lambda p: {}, prune=_prune, source=lambda: jit_source(_decode_kernel),
-    arch_knobs={"amd": {"waves_per_eu": [2, 3], "matrix_instr_nonkdim": [16]}},
-    runner=_runner, parse=tuning.parse_shape, exact=("d", "g"),
-    example={"d": 128, "kv": "bf16", "g": 4, "bh": 512, "L": 4096}))
 
 
 def _tuned(device, head_dim, kv_dtype, group, batch_x_kv_heads, max_seq_len):
