@@ -99,3 +99,34 @@ def test_heuristic_outside_space_is_timed_and_may_win():
                           repeats=1)
         assert res.pick == pick and res.heuristic == {} and res.heuristic_us == times[0]
         assert [c.config for c in res.candidates] == [{"BLOCK": 32}, {"BLOCK": 64}, {}]
+
+
+def test_moe_experts_amd_knobs_reach_the_launch(monkeypatch):
+    """moe.fused_experts declares its CDNA knobs in the space: the AMD candidates carry them,
+    NVIDIA's do not, and `launch` splits a tuned AMD entry into tiles + launch options (the
+    heuristic link: the arch's own table with CDNA_OPTIONS)."""
+    import types
+
+    import torch
+
+    from tskernels import tuning
+    from tskernels.ops.moe import _tune, triton_experts as te
+
+    ks = _tune.EXPERTS
+    assert not any("waves_per_eu" in c for c in ks.space_for("nvidia", "sm_90"))
+    amd = list(ks.space_for("amd", "gfx942"))
+    assert {c["matrix_instr_nonkdim"] for c in amd} == {16, 32}
+    p = {"T": 300, "E": 32, "k": 8, "H": 1024, "I": 512, "w": "bf16"}
+    monkeypatch.setattr(te, "cdna_arch", lambda dev: "gfx942")
+    tuned = {**_tune._heuristic(p), "waves_per_eu": 1, "matrix_instr_nonkdim": 32}
+    monkeypatch.setattr(tuning, "choice", lambda *a: types.SimpleNamespace(config=tuned,
+                                                                          link="exact"))
+    tiles, opts = _tune.launch(300, 1024, 512, 32, 8, False, torch.device("cuda"))
+    assert tiles == te.Tiles(**_tune._heuristic(p)) and opts == {"waves_per_eu": 1,
+                                                                  "matrix_instr_nonkdim": 32}
+    heur = ks.heuristic_for(dict(p, arch="gfx942"), Target.for_arch("gfx942"))
+    monkeypatch.setattr(tuning, "choice", lambda *a: types.SimpleNamespace(config=heur,
+                                                                          link="heuristic"))
+    tiles, opts = _tune.launch(300, 1024, 512, 32, 8, False, torch.device("cuda"))
+    assert tiles == te.tiles_for(300, False, "gfx942")
+    assert opts == {**te.CDNA_OPTIONS, "waves_per_eu": 0}

@@ -123,7 +123,10 @@ def test_moe_heuristic_is_tiles_for(T, w):
     for arch in ("gfx942", "gfx950"):
         pa = dict(p, arch=arch)
         assert ks.heuristic(pa) == asdict(tiles_for(T, w == "fp8", arch))
-        assert ks.heuristic(pa) in ks.candidates(pa, Target.for_arch(arch))[0]
+        h = ks.heuristic_for(pa, Target.for_arch(arch))   # + the AMD knobs' defaults
+        assert h == {**asdict(tiles_for(T, w == "fp8", arch)), "waves_per_eu": 0,
+                     "matrix_instr_nonkdim": 16}
+        assert h in ks.candidates(pa, Target.for_arch(arch))[0]
     if w == "fp8":
         bad = dict(ks.heuristic(p), up_k=64)
         assert "fp8" in ks.prune(bad, p, SM90)

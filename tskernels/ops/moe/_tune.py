@@ -5,8 +5,9 @@ The heuristic is `triton_experts.tiles_for` (the kernel's own table), so without
 a launch is what it was. fp8 weights need 128-wide K steps (one scale group), a gate-up N tile
 of one quantization group and a down N tile dividing it; the pruner drops the other configs.
 The decode path without alignment (triton_direct) is not part of this space. On CDNA the
-heuristic is the arch's own table (`tiles_for(..., arch)`); the launch's backend options stay
-`triton_experts.CDNA_OPTIONS` (Tiles carry no backend knobs).
+heuristic is the arch's own table (`tiles_for(..., arch)`) and the AMD backend knobs
+(waves_per_eu, matrix_instr_nonkdim) are declared per vendor: `launch` returns them beside the
+tiles, `triton_experts.CDNA_OPTIONS` under a tuned entry's own values.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import asdict
 
 import torch
 
-from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
+from autotune import (BACKEND_KNOBS, KernelSpace, Space, backend_options, declare, jit_source,
+                      pow2_bucket)
 
 from ... import tuning
 
@@ -107,19 +109,34 @@ EXPERTS = declare(KernelSpace(
                    "I": p["I"], "w": p.get("w", "bf16")},
     heuristic=_heuristic, prune=_prune, source=_source, runner=_runner,
     parse=tuning.parse_shape, exact=("E", "k", "H", "I"),
+    # AMD CDNA: the launch's backend knobs, searched on AMD only; the heuristic's are
+    # triton_experts.CDNA_OPTIONS (16x16 MFMA: decode blocks are one 16-row MFMA block)
+    arch_knobs={"amd": {"waves_per_eu": [0, 1, 2], "matrix_instr_nonkdim": [16, 32]}},
+    arch_defaults={"amd": {"waves_per_eu": 0, "matrix_instr_nonkdim": 16}},  # 0: the compiler picks
     example={"T": 64, "E": 8, "k": 2, "H": 2048, "I": 768, "w": "bf16"},
     shapes=tuple(dict(QWEN3, T=t, w="bf16") for t in (64, 1024, 8192))))
 
 
-def tiles(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, fp8: bool,
-          device):
-    """The aligned path's tiles: tuned on CUDA (lookup chain), else `tiles_for`."""
+def launch(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, fp8: bool,
+           device) -> tuple:
+    """The aligned path's (tiles, backend launch options): tuned on CUDA (lookup chain), else
+    `tiles_for` and no options. On CDNA the heuristic link takes the arch's own tile table."""
     te = _experts()
     if device.type != "cuda":
-        return te.tiles_for(tokens, fp8)
+        return te.tiles_for(tokens, fp8), {}
     c = tuning.choice(EXPERTS, {"T": tokens, "E": num_experts, "k": top_k, "H": hidden,
                                 "I": inter, "w": "fp8" if fp8 else "bf16"}, device)
     arch = te.cdna_arch(device)
-    if arch is not None and c.link == "heuristic":
-        return te.tiles_for(tokens, fp8, arch)  # CDNA: the arch's own table
-    return te.Tiles(**c.config)
+    if arch is None:
+        return te.Tiles(**c.config), {}
+    opts = {**te.CDNA_OPTIONS, **backend_options(c.config)}
+    if c.link == "heuristic":
+        return te.tiles_for(tokens, fp8, arch), opts  # CDNA: the arch's own table
+    fields = {k: v for k, v in c.config.items() if k not in BACKEND_KNOBS}
+    return te.Tiles(**fields), opts
+
+
+def tiles(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, fp8: bool,
+          device):
+    """The aligned path's tiles alone (see `launch`)."""
+    return launch(tokens, hidden, inter, num_experts, top_k, fp8, device)[0]

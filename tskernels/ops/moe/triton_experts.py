@@ -56,8 +56,8 @@ _TABLE_FP8 = (
 
 
 # AMD CDNA (wave 64), per arch: heuristic, not run (no AMD GPU); the compile matrix shows MFMA,
-# no scratch and LDS within the arch for each. Not in the tuning space (its configs are Tiles,
-# which carry no backend knobs): the knobs are CDNA_OPTIONS, passed at launch on AMD only.
+# no scratch and LDS within the arch for each. The tables are the space's CDNA heuristic; the
+# knobs (CDNA_OPTIONS, the space's AMD defaults) are passed at launch on AMD only.
 def _cdna(t: Tiles, **kw) -> Tiles:
     # 2 stages: gfx942 does not stage the gathered rows in LDS (16-32 KB at 2-4 stages alike),
     # and on gfx950 the 3-4 stage prefill tiles take 98-147 KB of the 160 KB: one workgroup
@@ -118,8 +118,10 @@ def experts(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_scale=
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=dev)
     if tokens == 0:
         return out
-    cfg = tiles or _tune.tiles(tokens, hidden, inter, num_experts, top_k, fp8, dev)
-    opts = CDNA_OPTIONS if cdna_arch(dev) is not None else {}
+    if tiles is None:
+        cfg, opts = _tune.launch(tokens, hidden, inter, num_experts, top_k, fp8, dev)
+    else:
+        cfg, opts = tiles, (CDNA_OPTIONS if cdna_arch(dev) is not None else {})
     numel = tokens * top_k
     sorted_ids, expert_ids, total = align(topk_ids, num_experts, cfg.block_m)
     max_padded = sorted_ids.numel()
