@@ -130,3 +130,26 @@ def test_moe_experts_amd_knobs_reach_the_launch(monkeypatch):
     tiles, opts = _tune.launch(300, 1024, 512, 32, 8, False, torch.device("cuda"))
     assert tiles == te.tiles_for(300, False, "gfx942")
     assert opts == {**te.CDNA_OPTIONS, "waves_per_eu": 0}
+
+
+def test_mla_spaces_declare_amd_knobs_and_the_plan_takes_them():
+    """mla.decode / mla.extend: AMD candidates carry the CDNA knobs (NVIDIA's do not), the
+    heuristic's are 16x16 MFMA + the compiler's waves_per_eu, and MLAPlan accepts them as the
+    tuner passes them (a candidate config is splatted into the plan)."""
+    import torch
+
+    from tskernels.ops.mla import _tune
+    from tskernels.ops.mla.triton import MLAPlan
+
+    for ks in (_tune.DECODE, _tune.EXTEND):
+        assert not any("waves_per_eu" in c for c in ks.space_for("nvidia", "sm_90"))
+        amd = list(ks.space_for("amd", "gfx950"))
+        assert {c["waves_per_eu"] for c in amd} == {0, 1, 2}
+        h = ks.heuristic_for({"H": 16, "kv": "bf16", "B": 1, "L": 4096, "T": 16},
+                             Target.for_arch("gfx942"))
+        assert backend_options(h) == {"waves_per_eu": 0, "matrix_instr_nonkdim": 16}
+    pt = torch.zeros(1, 1, dtype=torch.int32)
+    plan = MLAPlan(torch.tensor([0, 1], dtype=torch.int32), pt, torch.ones(1, dtype=torch.int32),
+                   num_heads=16, kv_lora_rank=64, rope_dim=16, page_size=16, scale=0.1,
+                   causal=False, waves_per_eu=2, matrix_instr_nonkdim=32)
+    assert plan.launch_options == {}     # knobs are AMD-only: ignored off CDNA

@@ -117,16 +117,21 @@ def _source():
     return jit_source(_mla_kernel)
 
 
+# AMD CDNA: the launch's backend knobs, searched on AMD only; the heuristic's are
+# triton.CDNA_OPTIONS (16x16 MFMA) and the compiler's waves_per_eu (0)
+AMD = dict(arch_knobs={"amd": {"waves_per_eu": [0, 1, 2], "matrix_instr_nonkdim": [16, 32]}},
+           arch_defaults={"amd": {"waves_per_eu": 0, "matrix_instr_nonkdim": 16}})
+
 DECODE = declare(KernelSpace(
     "mla.decode.triton", _space(True), key=_key(True), heuristic=_heuristic, prune=_prune,
-    source=_source, runner=_runner(True), parse=tuning.parse_shape, exact=("H",),
+    source=_source, runner=_runner(True), parse=tuning.parse_shape, exact=("H",), **AMD,
     example={"H": 16, "kv": "bf16", "B": 4, "L": 4096},
     shapes=tuple({"H": h, "kv": kv, "B": b, "L": 4096}
                  for h in (16, 128) for kv in ("bf16", "fp8") for b in (1, 64))))
 
 EXTEND = declare(KernelSpace(
     "mla.extend.triton", _space(False), key=_key(False), heuristic=_heuristic, prune=_prune,
-    source=_source, runner=_runner(False), parse=tuning.parse_shape, exact=("H",),
+    source=_source, runner=_runner(False), parse=tuning.parse_shape, exact=("H",), **AMD,
     example={"H": 16, "kv": "bf16", "B": 1, "L": 4096, "T": 16},
     shapes=({"H": 128, "kv": "bf16", "B": 1, "L": 4096, "T": 1024},
             {"H": 16, "kv": "bf16", "B": 1, "L": 4096, "T": 1024})))

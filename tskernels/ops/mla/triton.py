@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from autotune import backend_options
+
 from ...compile import CompileCase
 from ...platform import platform_of
 from ...plan import PlanBase
@@ -157,7 +159,8 @@ class MLAPlan(PlanBase):
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_heads, kv_lora_rank, rope_dim,
                  page_size, scale, causal, max_seq_len=None, num_splits=None, block_r=None,
                  block_n=None, num_warps=None, num_stages=None, max_new_tokens=None,
-                 fp8_asm=None, kv_dtype=None, q_dtype=None):
+                 fp8_asm=None, kv_dtype=None, q_dtype=None, waves_per_eu=None,
+                 matrix_instr_nonkdim=None):
         self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
         self.H, self.dc, self.dr, self.page_size = num_heads, kv_lora_rank, rope_dim, page_size
         self.scale, self.causal = scale, causal
@@ -204,7 +207,13 @@ class MLAPlan(PlanBase):
                 bn, nw, ns = ch.config["block_n"], ch.config["num_warps"], \
                     ch.config["num_stages"]
                 num_splits = ch.config["num_splits"] or None
+            if arch in CDNA_ARCHS:  # the entry's AMD knobs (the space's defaults otherwise)
+                self.launch_options.update(backend_options(ch.config))
             self.tuned_from = ch.link
+        if arch in CDNA_ARCHS:  # explicit knobs (the tuner's candidates) win
+            self.launch_options.update({k: v for k, v in (
+                ("waves_per_eu", waves_per_eu), ("matrix_instr_nonkdim", matrix_instr_nonkdim))
+                if v is not None})
         self.block_n = block_n or (bn if gpu else 16)
         self.num_warps = num_warps or (nw if gpu else 4)
         self.num_stages = num_stages or (ns if gpu else 1)
