@@ -65,3 +65,10 @@ def test_attention_bench_without_triton_leaves_its_rows_out():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[selected: reference]" in out.stdout and "[reference]" in out.stdout
     assert "tskernels_triton" not in out.stdout
+
+
+def test_a_shape_missing_a_key_is_one_line_naming_it(capsys):
+    from tskernels.bench.cli import main
+    assert main(["attention.extend", "--shapes", "B=1,L=64", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "lacks 'N'" in err and "--shapes 'N=" in err

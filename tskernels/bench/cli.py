@@ -107,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for op in args.op:
         for mode in modes:
-            res = run_bench(op, parse_shapes(args.shapes), device=args.device,
-                            iters=args.iters, graph=mode == "graph", baselines=base,
-                            backend=args.backend)
+            try:
+                res = run_bench(op, parse_shapes(args.shapes), device=args.device,
+                                iters=args.iters, graph=mode == "graph", baselines=base,
+                                backend=args.backend)
+            except ValueError as e:  # a bad shape / backend for this op: one line, exit 2
+                print(f"tskernels-bench: {e}", file=sys.stderr)
+                return 2
             res["command"] = command
             results.append(res)
             if args.json != "-":

@@ -128,6 +128,19 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
     return 2 * n / (t * 1e-6) / 1e9
 
 
+def _make(b: Bench, shape: dict, device: str, gen) -> dict:
+    """b.make, with a shape lacking a key the bench needs reported by name (a ValueError with
+    the bench's own shape keys as an example, not a KeyError from inside the case)."""
+    try:
+        return b.make(shape, device, gen)
+    except KeyError as e:
+        if shape is None or e.args[0] in shape:
+            raise
+        example = ",".join(f"{k}={v}" for k, v in b.default_shapes[0].items())
+        raise ValueError(f"{b.name}: shape {shape} lacks {e.args[0]!r} (this bench's shapes "
+                         f"look like --shapes '{example}')") from None
+
+
 def run_bench(name: str, shapes: list[dict] | None = None, *, device: str | None = None,
               iters: int | None = None, graph: bool = False, baselines: list[str] | None = None,
               roofline_gbps: float | None = None, backend: str | None = None) -> dict:
@@ -148,7 +161,7 @@ def run_bench(name: str, shapes: list[dict] | None = None, *, device: str | None
     rows = []
     for shape in shapes:
         gen = torch.Generator(device=device).manual_seed(0)
-        first = b.make(shape, device, gen)
+        first = _make(b, shape, device, gen)
         per_set = max(_input_bytes(first), 1)
         n_sets = 1 if device == "cpu" else int(min(max(2 * _l2_bytes(device) // per_set + 1, 2),
                                                    max(1, (8 << 30) // per_set), 64))
