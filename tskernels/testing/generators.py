@@ -88,6 +88,35 @@ def _gemv(gen, dtype, size):
                 label=f"gemv {m}x{n}x{k} {dtype}")
 
 
+@problem_generator("gemm", "int8w_mm", dtypes=(torch.float32, torch.bfloat16))
+def _int8w_mm(gen, dtype, size):
+    """Weight-only int8 (per-row scales, as gemm.quantize_int8_per_channel makes them): decode
+    rows (the streamed path, M <= 16) and a prefill block (the dequantizing path)."""
+    from tskernels.ops.gemm.int8w import quantize_int8_per_channel
+    m, n, k = ((_pick(gen, (1, 5, 40)), 48, 96) if size == "small"
+               else (_pick(gen, (1, 8, 300)), 2048, 4096))
+    q, scale = quantize_int8_per_channel(_randn(gen, n, k, dtype=torch.float32) / k ** 0.5)
+    return Case((_randn(gen, m, k, dtype=dtype), q, scale), {"out_dtype": None},
+                {"a": fmt(dtype), "b": "int8", "c": fmt(dtype)},
+                label=f"int8w_mm {m}x{n}x{k} {dtype}")
+
+
+@problem_generator("gemm", "q4w_mm", dtypes=(torch.float32, torch.bfloat16))
+def _q4w_mm(gen, dtype, size):
+    """4-bit weights in groups of 32 (gemm.quantize_q4_groups, GGUF Q4_1's layout), with float
+    activations or int8 activation groups (act_int8: the reference quantizes them the same
+    way), decode rows and a prefill block."""
+    from tskernels.ops.gemm.q4w import quantize_q4_groups
+    m, n, k = ((_pick(gen, (1, 5, 40)), 48, 96) if size == "small"
+               else (_pick(gen, (1, 8, 300)), 2048, 4096))
+    q, scale, mins = quantize_q4_groups(_randn(gen, n, k, dtype=torch.float32) / k ** 0.5)
+    act_int8 = bool(_pick(gen, (0, 1)))
+    return Case((_randn(gen, m, k, dtype=dtype), q, scale, mins),
+                {"act_int8": act_int8, "out_dtype": None},
+                {"a": fmt(dtype), "b": "uint4", "c": fmt(dtype)},
+                label=f"q4w_mm {m}x{n}x{k} act_int8={act_int8} {dtype}")
+
+
 # ---- paged attention ------------------------------------------------------------------------
 
 def _paged(gen, dtype, size, *, min_len=0):
