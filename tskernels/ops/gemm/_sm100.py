@@ -24,3 +24,28 @@ def _pad_k(t: torch.Tensor, k8: int) -> torch.Tensor:
     out = t.new_zeros(t.shape[0], k8)
     out[:, :t.shape[1]] = t
     return out
+
+
+def prepare(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None, who: str):
+    """The checks and buffers both launchers start with: a [M, K] and b [N, K] of one 16-bit
+    dtype on one CUDA device, c [M, N8] (N padded to 8: the epilogue stores 8 outputs at a
+    time). Returns (c, a, b, k8, early): early is the answer when there is nothing to
+    multiply (M, N or K zero), else None and a / b are K-padded to k8 for TMA."""
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise ValueError(f"{who}: a and b must both be bf16 or both fp16, got {a.dtype} and "
+                         f"{b.dtype}")
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"{who}: out_dtype bf16 or fp16, got {out_dtype}")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1] or a.device != b.device or \
+            a.device.type != "cuda":
+        raise ValueError(f"{who}: a [M, K] and b [N, K] on one CUDA device, got "
+                         f"{tuple(a.shape)} on {a.device} and {tuple(b.shape)} on {b.device}")
+    (M, K), N = a.shape, b.shape[0]
+    c = torch.empty(M, -(-N // 8) * 8, dtype=out_dtype, device=a.device)
+    k8 = -(-K // 8) * 8
+    if M == 0 or N == 0:
+        return c, a, b, k8, c[:, :N]
+    if K == 0:
+        return c, a, b, k8, c.zero_()[:, :N]
+    return c, _pad_k(a, k8), _pad_k(b, k8), k8, None

@@ -24,7 +24,7 @@ import torch
 
 from .. import cuda_driver
 from ...registry import Capability, register
-from ._sm100 import ARCHS, _pad_k, nvcc_options
+from ._sm100 import ARCHS, nvcc_options, prepare
 
 SOURCE = Path(__file__).with_name("cuda") / "gemm_tcgen05_2cta.cu"
 KERNEL = "gemm_tcgen05_2cta_kernel"
@@ -74,26 +74,10 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     """a [M, K] and b [N, K] of one 16-bit dtype on an sm_100 / sm_103 device -> c [M, N] of
     out_dtype (bf16 or fp16, default a's), fp32 accumulation."""
     who = "CUDA tcgen05 2-CTA GEMM"
-    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-        raise ValueError(f"{who}: a and b must both be bf16 or both fp16, got {a.dtype} and "
-                         f"{b.dtype}")
-    out_dtype = out_dtype or a.dtype
-    if out_dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"{who}: out_dtype bf16 or fp16, got {out_dtype}")
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1] or a.device != b.device or \
-            a.device.type != "cuda":
-        raise ValueError(f"{who}: a [M, K] and b [N, K] on one CUDA device, got "
-                         f"{tuple(a.shape)} on {a.device} and {tuple(b.shape)} on {b.device}")
-    M, K = a.shape
-    N = b.shape[0]
-    n8 = -(-N // 8) * 8  # the epilogue stores 8 outputs at a time: a padded c, viewed back
-    c = torch.empty(M, n8, dtype=out_dtype, device=a.device)
-    if M == 0 or N == 0:
-        return c[:, :N]
-    if K == 0:
-        return c.zero_()[:, :N]
-    k8 = -(-K // 8) * 8
-    a, b = _pad_k(a, k8), _pad_k(b, k8)
+    c, a, b, k8, early = prepare(a, b, out_dtype, who)
+    if early is not None:
+        return early
+    M, N, out_dtype = a.shape[0], b.shape[0], c.dtype
     fn = cuda_driver.arch_function(a.device, SOURCE, KERNEL,
                                    nvcc_options(a.dtype == torch.float16,
                                                 out_dtype == torch.float16),
@@ -111,7 +95,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
         err, = cu.cuLaunchKernel(fn, gx, gy, 1, THREADS, 1, 1, smem_bytes(),
                                  cu.CUstream(stream), ctypes.addressof(ptrs), 0)
     cuda_driver.check(err, "cuLaunchKernel")
-    return c[:, :N] if n8 != N else c
+    return c[:, :N] if c.shape[1] != N else c
 
 
 register("gemm", "mm", backend="cuda_tcgen05_2cta",
