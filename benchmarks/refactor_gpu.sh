@@ -71,14 +71,6 @@ if [ "$STAGE" = recheck ]; then  # what changed after its last GPU-tier run (ses
     2>&1 | tail -30
 fi
 
-if [ "$STAGE" = recheck2 ]; then  # the two that failed in recheck: no C++ build needed
-  pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
-  timeout ${TIER_TIMEOUT:-200} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-200} - 20 )) --out "$OUT/gpu_tier_recheck2.json" $P \
-    --kernel conformance=tests/registry/test_conformance.py \
-    --kernel "serve.grammar_mask=tests/serve/test_token_bitmask.py" \
-    2>&1 | tail -15
-fi
-
 if [ "$STAGE" = final ]; then  # session 11's last call: serving (overlap, graph sampling), conformance, MoE experts
   pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
   export TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache

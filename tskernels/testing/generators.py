@@ -441,10 +441,10 @@ def _grouped_margin(logits, bias, g, tg, k) -> torch.Tensor:
     (k+1)-th. A gap within fp32 rounding may legally route either way."""
     c = torch.sigmoid(logits.double()) + bias.double()
     t, e = c.shape
-    grouped = c.view(t, g, e // g)
-    gs = grouped.topk(2, dim=-1).values.sum(-1).sort(dim=-1, descending=True).values
+    scores = c.view(t, g, e // g).topk(2, dim=-1).values.sum(-1)       # [t, g] group scores
+    gs = scores.sort(dim=-1, descending=True).values
     gap_g = (gs[:, :-1] - gs[:, 1:])[:, :tg].min(dim=-1).values
-    keep = grouped.topk(2, dim=-1).values.sum(-1).topk(tg, dim=-1).indices
+    keep = scores.topk(tg, dim=-1).indices
     mask = torch.zeros(t, g, dtype=torch.bool).scatter_(1, keep, True)
     kept = c.masked_fill(~mask.repeat_interleave(e // g, dim=1), float("-inf"))
     top = kept.topk(min(k + 1, int(mask[0].sum()) * (e // g)), dim=-1).values

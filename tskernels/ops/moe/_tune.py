@@ -135,8 +135,3 @@ def launch(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, f
     fields = {k: v for k, v in c.config.items() if k not in BACKEND_KNOBS}
     return te.Tiles(**fields), opts
 
-
-def tiles(tokens: int, hidden: int, inter: int, num_experts: int, top_k: int, fp8: bool,
-          device):
-    """The aligned path's tiles alone (see `launch`)."""
-    return launch(tokens, hidden, inter, num_experts, top_k, fp8, device)[0]
