@@ -7,6 +7,11 @@ import time
 from collections.abc import Callable
 
 
+# why cuda_graph_timer fell back to eager timing, one entry per fallback (reported by the
+# tuning scripts: a kernel that cannot be captured is timed with its launch overhead)
+GRAPH_FALLBACKS: list[str] = []
+
+
 def cpu_timer(fn: Callable[[], object], *, warmup: int = 2, iters: int = 10) -> float:
     for _ in range(warmup):
         fn()
@@ -40,7 +45,7 @@ def cuda_graph_timer(fn: Callable[[], object], *, calls: int = 20, replays: int 
     `replays` times: the device time without the host's launch path, which dominates eager
     timings of kernels under ~100 µs (benchmarks/RESULTS.md, issue 19). Falls back to
     `cuda_timer` when `fn` cannot be captured (a host sync or a plan built per call).
-    Not yet run on a GPU: opt-in (`--timer graph`)."""
+    Each fallback is recorded in `GRAPH_FALLBACKS`."""
     import torch
 
     for _ in range(warmup):
@@ -53,12 +58,14 @@ def cuda_graph_timer(fn: Callable[[], object], *, calls: int = 20, replays: int 
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 fn()
-    except Exception:  # noqa: BLE001 - not capturable: time it eagerly
-        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - not capturable: time it eagerly
+        GRAPH_FALLBACKS.append(f"{type(e).__name__}: {str(e)[:160]}")
+        _after_failed_capture(stream)
         return cuda_timer(fn)
     graph.replay()
     torch.cuda.synchronize()
@@ -72,3 +79,17 @@ def cuda_graph_timer(fn: Callable[[], object], *, calls: int = 20, replays: int 
         times.append(start.elapsed_time(end) * 1e3 / calls)
     graph.reset()
     return statistics.median(times)
+
+
+def _after_failed_capture(stream) -> None:
+    """Undo what a capture that raised leaves behind. When the capture itself was invalidated
+    (a host sync inside it), `torch.cuda.graph`'s exit raises in capture_end: the capture
+    stream stays current and the default CUDA generator stays in capture mode, so every later
+    `torch.randn` on the device fails ("Offset increment outside graph capture") -- seen on
+    the H200 after a kernel that could not be captured."""
+    import torch
+
+    torch.cuda.set_stream(stream)
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    gen.graphsafe_set_state(gen.clone_state())   # a clone starts outside capture mode
+    torch.cuda.synchronize()

@@ -2,6 +2,7 @@
 # Lab script: issue 20's H200 runs. Carry `.gpuwhl` (server wheels, the default model's tokenizer
 # in .gpuwhl/tokcache, and a cp312 build of scheduler/_core in .gpuwhl/sched312 made on the
 # development machine; without it the extension is built here).
+#   STAGE=moe: the Qwen3-30B-A3B-shaped sweep over the API alone
 #   STAGE=engine: GPU tests of overlap / graph sampling (tests/serve/test_overlap.py) and the
 #     in-process figures (benchmarks/agentic_engine_bench.py): conc-1 later-turn TTFT on a 50k
 #     context, prefix hit, uncached ratio, B=1 ITL vs SoL, host gap at B=64 overlap on / off
@@ -64,6 +65,8 @@ if [ "$STAGE" = http ] || [ "$STAGE" = all ]; then
       "--no-enable-prefix-caching" "" 1
   python -m serve.bench plot "$OUT/agentic_llama8b.json" "$OUT/agentic_llama8b_nocache.json" \
       -o "$OUT/agentic_pareto_llama8b.png" --title "dummy Llama-3-8B bf16, H200"
+fi
+if [ "$STAGE" = http ] || [ "$STAGE" = all ] || [ "$STAGE" = moe ]; then
   BENCH_S=${MOE_S:-85} TSKERNELS_BACKEND=$MOE_BACKENDS bench "qwen3-30b-a3b dummy (MoE)" "$MOE" agentic_qwen3moe "" "" \
       "${CONC:-1,4,8}"
   python -m serve.bench plot "$OUT/agentic_qwen3moe.json" -o "$OUT/agentic_pareto_qwen3moe.png" \

@@ -64,7 +64,9 @@ def _tune_one(ks, problem, limit, target, user, rows, device="cuda"):
     from autotune.tune import _entry
     timer = (cuda_graph_timer if TIMER == "graph" else cuda_timer) if device == "cuda" else \
         (lambda fn: cpu_timer(fn, warmup=0, iters=1))
+    from autotune.timer import GRAPH_FALLBACKS
     t0 = time.monotonic()
+    n_fall = len(GRAPH_FALLBACKS)
     row = {"kernel": ks.kernel, "problem": problem, "limit": limit}
     try:
         runner = ks.runner(problem, device)
@@ -83,6 +85,9 @@ def _tune_one(ks, problem, limit, target, user, rows, device="cuda"):
     except Exception as e:  # noqa: BLE001 - one kernel failing must not hide the others
         row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
     row["seconds"] = round(time.monotonic() - t0, 1)
+    if len(GRAPH_FALLBACKS) > n_fall:   # timed eagerly: not capturable in a CUDA graph
+        row["graph_fallbacks"] = len(GRAPH_FALLBACKS) - n_fall
+        row["graph_fallback_first"] = GRAPH_FALLBACKS[n_fall]
     rows.append(row)
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -97,6 +102,7 @@ def cmd_tune(a) -> None:
     import tskernels.ops  # noqa: F401
     from autotune import Tables, Target, bucket_str, spaces
     from autotune.cache import device_key
+    from autotune.timer import GRAPH_FALLBACKS
     target = Target.for_arch("sm_90")
     tables = Tables()
     cuda = a.device == "cuda"
@@ -106,7 +112,8 @@ def cmd_tune(a) -> None:
     start = time.monotonic()
     out = {"device": name, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
            "rows": rows, "date": time.strftime("%Y-%m-%d"),
-           "timer": f"autotune.{'cuda_graph_timer' if TIMER == 'graph' else 'cuda_timer'}, 3 repeats"}
+           "timer": f"autotune.{'cuda_graph_timer' if TIMER == 'graph' else 'cuda_timer'}, 3 repeats",
+           "graph_timer_fallbacks": GRAPH_FALLBACKS}
     done = set()
     plan = PLAN if not a.smoke else [  # a CPU dry run: tiny problems, two configs
         (k, {n: (min(v, 64) if isinstance(v, int) else v)
@@ -115,6 +122,9 @@ def cmd_tune(a) -> None:
         for _, p, _ in plan:
             p.update({k: "float32" if v == "bfloat16" else "fp32" if v == "bf16" and k != "kv"
                       and k != "w" and k != "q" else v for k, v in p.items()})
+    if a.only:   # kernels whose name starts with one of these prefixes
+        keep = tuple(a.only.split(","))
+        plan = [row for row in plan if row[0].startswith(keep)]
     for kernel, problem, limit in plan:
         if time.monotonic() - start > a.budget:
             rows.append({"kernel": kernel, "problem": problem, "error": "skipped: out of time"})
@@ -190,15 +200,18 @@ def cmd_engine(a) -> None:
 
 def cmd_window(a) -> None:
     import tskernels.ops  # noqa: F401
-    from autotune import Target, capture, cuda_timer
+    from autotune import Target, capture, cuda_graph_timer, cuda_timer
     from autotune.cache import device_key
     from autotune.window import tune_missing
     rows = capture.load(a.capture)
     rep = tune_missing(rows, budget_s=a.budget, device="cuda", device_name=device_key("cuda"),
-                       target=Target.for_arch("sm_90"), timer=cuda_timer, limit=a.limit)
-    _dump(a.json, {"captured_rows": rows, "tuned": rep.tuned, "skipped": rep.skipped,
+                       target=Target.for_arch("sm_90"),
+                       timer=cuda_graph_timer if TIMER == "graph" else cuda_timer, limit=a.limit)
+    from autotune.timer import GRAPH_FALLBACKS
+    _dump(a.json, {"captured_rows": rows, "tuned": rep.tuned,
+                   "graph_timer_fallbacks": GRAPH_FALLBACKS, "skipped": rep.skipped,
                    "left": rep.left, "seconds": round(rep.seconds, 1),
-                   "budget_s": a.budget, "limit": a.limit, "date": time.strftime("%Y-%m-%d")})
+                   "budget_s": a.budget, "limit": a.limit, "timer": TIMER, "date": time.strftime("%Y-%m-%d")})
     print(rep.summary(), flush=True)
 
 
@@ -215,6 +228,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script's code")
+    ap.add_argument("--only", default="", help="tune: comma-separated kernel name prefixes")
     ap.add_argument("--smoke", action="store_true", help="tune: tiny problems (CPU dry run)")
     ap.add_argument("--timer", choices=["eager", "graph"], default="eager",
                     help="tune: CUDA events around eager calls, or CUDA-graph replays")

@@ -53,7 +53,7 @@ EOF
       | grep -v -i warn | tail -4
   stamp "window (tune from the capture)"
   timeout "${WINDOW_S:-35}" python benchmarks/autotune_gpu.py window --capture "$W/shapes.json" \
-      --budget "${WINDOW_BUDGET:-20}" --limit 3 --json "$OUT/autotune_window.json" 2>&1 \
+      --budget "${WINDOW_BUDGET:-20}" --limit 3 --timer "${TIMER:-eager}" --json "$OUT/autotune_window.json" 2>&1 \
       | grep -v -i warn | tail -4
   cp "$W"/cacheB/autotune/*.json "$OUT/autotune_user_engine.json" 2>/dev/null
   stamp "engine after"

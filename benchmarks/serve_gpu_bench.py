@@ -97,6 +97,60 @@ def profile_decode(engine, batch: int = 1) -> list[tuple[str, float]]:
     return rows[:15]
 
 
+def active_weight_bytes(model, cfg) -> int:
+    """Weight bytes one decode token reads: every parameter, buffer and tensor attribute (packed
+    / quantized weights and their scales) except an untied embedding table (a row gather), stacked experts
+    (`layers.Experts`) at top_k / E of their size. RoPE tables count too (a small excess)."""
+    import serve.models.layers as layers
+    k = getattr(cfg, "num_experts_per_tok", None)
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    seen, total = set(), 0
+    for name, mod in model.named_modules():
+        own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
+        for v in vars(mod).values():   # packed weights / scales kept as plain attributes
+            for t in (v if isinstance(v, tuple) else (v,)):
+                if isinstance(t, torch.Tensor):
+                    own.append(t)
+        if name.endswith("embed_tokens") and not tied:
+            seen.update(id(p) for p in own)
+            continue
+        frac = k / mod.num_experts if isinstance(mod, layers.Experts) and k else 1.0
+        for p in own:
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += int(p.numel() * p.element_size() * frac)
+    return total
+
+
+def measure_bandwidth(device="cuda", nbytes=4 << 30) -> float:
+    """Device copy bandwidth (read + write bytes / s), median of 10 copies of `nbytes`."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(times)
+
+
+def _hf_config_dict(model: str) -> dict:
+    """The HF config of a dummy model: a named entry, or a JSON file (dummy:path.json)."""
+    from serve.config import DUMMY_CONFIGS
+    name = model.removeprefix("dummy:")
+    if name.endswith(".json"):
+        with open(name) as f:
+            return json.load(f)
+    return dict(DUMMY_CONFIGS[name])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="dummy:llama-3-8b")
@@ -127,7 +181,16 @@ def main() -> None:
                torch=torch.__version__, model=a.model, prompt_len=PROMPT_LEN,
                kv_cache_dtype=a.kv_cache_dtype,
                new_tokens=a.new_tokens, cuda_graphs=graphs, load_s=load_s,
-               speed_of_light_ms=16.06e9 / 4.3e12 * 1e3, rows=rows)
+               rows=rows)
+    if a.device == "cuda":
+        # the speed of light of a B=1 step: this model's active weight bytes over the copy
+        # bandwidth measured here (before any timing; the engine's graphs are captured)
+        wb = active_weight_bytes(engine.runner.model, engine.hf_config)
+        bw = measure_bandwidth()
+        out.update(active_weight_bytes=wb, copy_bandwidth_tb_s=round(bw / 1e12, 3),
+                   speed_of_light_ms=round(wb / bw * 1e3, 4))
+        print(f"active weights {wb / 1e9:.2f} GB, copy bandwidth {bw / 1e12:.2f} TB/s -> "
+              f"B=1 speed of light {wb / bw * 1e3:.3f} ms", flush=True)
 
     def dump():  # after every row, so a later failure keeps what was measured
         if a.json:
@@ -143,11 +206,17 @@ def main() -> None:
         rows["engine_b1_gpu_time_ms"] = profile_decode(engine)
         for k, v in rows["engine_b1_gpu_time_ms"]:
             print(f"  {v:8.3f} ms  {k[:90]}")
+    if "engine_b1" in rows and out.get("speed_of_light_ms"):
+        rows["engine_b1"]["x_speed_of_light"] = round(
+            rows["engine_b1"]["decode_ms_per_step"] / out["speed_of_light_ms"], 3)
     if not a.no_hf:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from serve.config import DUMMY_CONFIGS
-        d = dict(DUMMY_CONFIGS[a.model.removeprefix("dummy:")])
+        import gc
+        del engine   # (its figures are taken) room for HF's own copy of a large model
+        gc.collect()
+        torch.cuda.empty_cache() if a.device == "cuda" else None
+        d = _hf_config_dict(a.model)
         cfg = AutoConfig.for_model(d.pop("model_type"), **d)
         with torch.device(a.device):
             hf = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, a.dtype)).eval()
