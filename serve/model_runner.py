@@ -187,13 +187,22 @@ class ModelRunner:
         if a.num_kv_pages is not None:
             return a.num_kv_pages
         if self.device.type == "cuda":
+            # blocks the allocator caches (e.g. the temporaries of weight loading or dummy
+            # initialisation) count as used in mem_get_info: a Qwen3-30B-A3B-sized dummy
+            # found no room for its KV cache without this
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             reserve = max(2 << 30, int(0.04 * total))  # activations, graphs, sampling
             budget = int(total * a.gpu_memory_utilization) - (total - free) - reserve
             pages = budget // per_page
             if pages < 2:
-                raise RuntimeError(f"gpu_memory_utilization={a.gpu_memory_utilization}: no "
-                                   f"memory left for the KV cache ({budget / 2**30:.2f} GiB)")
+                raise RuntimeError(
+                    f"gpu_memory_utilization={a.gpu_memory_utilization}: no memory left for "
+                    f"the KV cache ({budget / 2**30:.2f} GiB; of {total / 2**30:.1f} GiB, "
+                    f"{(total - free) / 2**30:.1f} GiB are in use, "
+                    f"{torch.cuda.memory_allocated(self.device) / 2**30:.1f} GiB of them "
+                    f"by this process's tensors); raise gpu_memory_utilization or give "
+                    f"num_kv_pages")
             return int(min(pages, useful))
         pages = int(a.cpu_kv_cache_gb * (1 << 30)) // per_page
         return int(max(2, min(pages, useful)))

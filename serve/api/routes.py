@@ -238,7 +238,10 @@ async def _sse_chunks(state, gen: Generation, first: Delta, deltas):
     delta = first
     try:
         while True:
-            if (delta.fields if spec.chat else delta.text) or delta.logprobs or delta.finish_reason:
+            # a token whose text is still incomplete (or empty) sends no chunk, unless the
+            # client asked for token ids: then every token arrives as it is made
+            if (delta.fields if spec.chat else delta.text) or delta.logprobs \
+                    or delta.finish_reason or (spec.return_token_ids and delta.token_ids):
                 yield _sse(_chunk(state, gen, [_delta_choice(state, gen, delta)], usage_field))
             try:
                 delta = await deltas.__anext__()

@@ -83,6 +83,10 @@ async def stream_chat(client: httpx.AsyncClient, url: str, model: str, messages:
         raise ValueError(f"endpoint: expected 'chat' or 'completions', got {endpoint!r}")
     if ignore_eos:
         body["ignore_eos"] = True    # an extension vLLM and this server take: exact output lengths
+        # (same servers) a chunk per token even while its text is incomplete: TTFT and ITL
+        # time tokens, not visible characters (a random dummy model's ids past the tokenizer's
+        # vocabulary decode to nothing)
+        body["return_token_ids"] = True
     try:
         async with client.stream("POST", url.rstrip("/") + path, json=body,
                                  headers=headers, timeout=timeout_s) as resp:
@@ -105,7 +109,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, model: str, messages:
                     delta = choice.get("delta") or {}
                     piece = (delta.get("content") or delta.get("reasoning_content")
                              or choice.get("text") or "")
-                    if piece:
+                    if piece or choice.get("token_ids"):
                         record.first_token = record.first_token or now
                         record.last_token = now
                         record.chunk_times.append(now)

@@ -93,6 +93,19 @@ def test_completion_streaming(client, model):
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
 
+def test_streaming_with_token_ids_sends_a_chunk_per_token(client, model):
+    """return_token_ids: every generated id arrives in a chunk as it is made (also one whose
+    text is still incomplete), and the chunks' ids and texts add up to the full response."""
+    kw = dict(model=model, prompt="Count:", max_tokens=12, temperature=0,
+              extra_body={"return_token_ids": True, **EXACT})
+    full = client.completions.create(**kw).choices[0]
+    chunks = list(client.completions.create(**kw, stream=True))
+    ids = [c.choices[0].model_extra["token_ids"] for c in chunks]
+    assert sum(ids, []) == full.model_extra["token_ids"]
+    assert sum(len(i) for i in ids[:-1]) == len(ids) - 1 and len(ids[-1]) <= 1   # one each
+    assert "".join(c.choices[0].text for c in chunks) == full.text
+
+
 def test_n2_distinct_seeded_choices(client, model):
     kw = dict(model=model, messages=_chat("Pick a word"), max_tokens=12, temperature=1.0, n=2, seed=11)
     r = client.chat.completions.create(**kw)
