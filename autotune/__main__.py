@@ -221,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repeats", type=int, default=3, help="timings per config (median, spread)")
     s.add_argument("--device", choices=["cuda", "cpu"])
     s.add_argument("--device-name", help="table to write (default: this GPU's device key)")
-    s.add_argument("--timer", choices=["eager", "graph"], default="eager",
-                   help="CUDA timing: eager launches (CUDA events) or replays of a CUDA graph "
-                        "of 20 calls (no host launch cost; falls back to eager when a launch "
-                        "cannot be captured; not yet run on a GPU)")
+    s.add_argument("--timer", choices=["eager", "graph"], default="graph",
+                   help="CUDA timing: replays of a CUDA graph of 20 calls (default: no host "
+                        "launch cost, what a serving graph sees; falls back to eager for a "
+                        "launch that cannot be captured) or eager launches (CUDA events)")
     s.add_argument("--limit", type=int,
                    help="time at most N configs per bucket (the heuristic + a fixed draw)")
     s.add_argument("--json", help="write every bucket's pick, heuristic time and the repeat "

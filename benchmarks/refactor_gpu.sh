@@ -84,3 +84,34 @@ if [ "$STAGE" = final ]; then  # session 11's last call: serving (overlap, graph
     --kernel conformance=tests/registry/test_conformance.py \
     2>&1 | tail -25
 fi
+
+if [ "$STAGE" = final12 ]; then  # session 12: what changed since its last GPU tier, serving first
+  pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
+  export TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache
+  cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
+  python -c "import scheduler._core" || python -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+  timeout ${TIER_TIMEOUT:-420} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-420} - 15 )) --out "$OUT/gpu_tier_s12.json" $P \
+    --kernel serve.overlap=tests/serve/test_overlap.py \
+    --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
+    --kernel serve.grammar_mask=tests/serve/test_token_bitmask.py \
+    --kernel moe.fused_experts.triton=$K/test_moe_experts.py \
+    --kernel sampling.triton=$K/test_sampling.py,$K/test_sampling_greedy_penalties.py \
+    --kernel gdn.triton=$K/test_gdn.py,$K/test_gdn_conv.py \
+    --kernel attention.decode.triton=$K/test_attention_decode.py \
+    --kernel mla.triton=$K/test_mla.py \
+    --kernel conformance=tests/registry/test_conformance.py \
+    2>&1 | tail -25
+fi
+
+if [ "$STAGE" = final12b ]; then  # session 12: the sampling / MLA / GDN kernels by name
+  pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
+  S=$K/test_sampling.py,$K/test_sampling_greedy_penalties.py
+  timeout ${TIER_TIMEOUT:-200} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-200} - 15 )) --out "$OUT/gpu_tier_s12b.json" $P \
+    --kernel sampling.sample.triton=$S --kernel sampling.greedy.triton=$S \
+    --kernel sampling.apply_penalties.triton=$S \
+    --kernel mla.decode.triton=$K/test_mla.py --kernel mla.extend.triton=$K/test_mla.py \
+    --kernel gdn.chunk_prefill.triton=$K/test_gdn.py --kernel gdn.decode_step.triton=$K/test_gdn.py \
+    --kernel gdn.gate.triton=$K/test_gdn.py --kernel gdn.causal_conv1d.triton=$K/test_gdn_conv.py \
+    --kernel gdn.causal_conv1d_update.triton=$K/test_gdn_conv.py \
+    2>&1 | tail -16
+fi

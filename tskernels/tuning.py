@@ -156,7 +156,7 @@ def engine_start(capture_path: str | None, window_s: float, device, *,
     path = capture_path or os.environ.get("TSKERNELS_CAPTURE_SHAPES")
     if (dev.type != "cuda" and timer is None) or not path or not Path(path).exists():
         return None
-    from autotune import cuda_timer
+    from autotune import cuda_graph_timer
     tgt = _target(dev) or Target("cpu", "cpu", 1 << 30, 1)
     kw = {"clock": clock} if clock is not None else {}
     import logging
@@ -164,7 +164,7 @@ def engine_start(capture_path: str | None, window_s: float, device, *,
     try:
         rep = tune_missing(capture.load(path), budget_s=float(window_s), device=str(dev),
                            device_name=_device_name(dev), target=tgt,
-                           timer=timer or cuda_timer, tables=tables, **kw)
+                           timer=timer or cuda_graph_timer, tables=tables, **kw)
     except Exception as e:  # noqa: BLE001 - the engine starts without the window's results
         log.warning("autotune start-up window failed (%s: %s); serving with the tables as "
                     "they are", type(e).__name__, e)

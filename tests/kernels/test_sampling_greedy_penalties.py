@@ -119,7 +119,32 @@ def test_penalties_equal_reference(kernel_device, seed, b, v, length, nb, dtype,
     want = ref.apply_penalties(x, **kw)
     got = x.clone()
     assert tskernels.sampling.apply_penalties(got, **kw, backend="triton") is got
-    assert torch.equal(got, want), (got - want).abs().max()
+    many, bound = _summed_bias(kw, b, v, got.device)
+    # exact, except where three or more bias values name one id: their float32 sum depends on
+    # the order (the kernel's tree reduction; the reference's scatter_add, itself unordered on
+    # a GPU), within the classic (n - 1) eps sum|v| bound, plus one rounding to the dtype
+    assert torch.equal(got[~many], want[~many]), (got - want).abs().max()
+    if many.any():
+        err = (got[many].double() - want[many].double()).abs()
+        tol = bound[many] + torch.finfo(dtype).eps * want[many].double().abs()
+        assert (err <= tol).all(), (err.max(), tol.min())
+
+
+def _summed_bias(kw, b, v, device):
+    """([b, v] ids with >= 3 valid bias entries, [b, v] float64 (n - 1) eps32 sum|value|)."""
+    many = torch.zeros(b, v, dtype=torch.bool, device=device)
+    bound = torch.zeros(b, v, dtype=torch.float64, device=device)
+    ids, vals = kw.get("logit_bias_ids"), kw.get("logit_bias_values")
+    if ids is None or not ids.numel():
+        return many, bound
+    ok = (ids >= 0) & (ids < v)
+    idx = torch.where(ok, ids.long(), 0)
+    count = torch.zeros(b, v, dtype=torch.float64, device=device).scatter_add_(
+        1, idx, ok.double())
+    mass = torch.zeros(b, v, dtype=torch.float64, device=device).scatter_add_(
+        1, idx, torch.where(ok, vals.double().abs(), 0.0))
+    eps = torch.finfo(torch.float32).eps
+    return count >= 3, (count - 1).clamp_min(0) * eps * mass
 
 
 def test_penalties_long_histories_real_vocab(kernel_device):
