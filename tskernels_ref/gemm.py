@@ -181,9 +181,14 @@ def silu_and_mul_quantize_fp8(
     return quantize_fp8_per_token_group(torch.nn.functional.silu(gate) * up, group, eps=eps)
 
 
-def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *,
+def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *, act_int8: bool = False,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Weight-only int8 GEMM: c = a @ (q * scale[:, None]).T.
+
+    With act_int8 (K a multiple of 32), a is first quantized per group of 32
+    (quantize_act_int8_groups) and
+        c[i, n] = scale[n] sum_g sx[i, g] (xq[i, g] . q[n, g])
+    (GGUF's Q8_0 x Q8_0 form: integer dot products).
 
     Args:
         a: [M, K] activations (fp32/bf16/fp16/fp64).
@@ -194,6 +199,11 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *,
         c [M, N]; computed in float32 (float64 for float64 a).
     """
     acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    if act_int8:
+        xq, sx, _ = quantize_act_int8_groups(a)
+        m, k = a.shape
+        xs = (xq.to(acc).view(m, -1, 32) * sx.to(acc)[..., None]).reshape(m, k)
+        return ((xs @ q.to(acc).T) * scale.to(acc)).to(out_dtype or a.dtype)
     w = q.to(acc) * scale.to(acc)[:, None]
     return (a.to(acc) @ w.T).to(out_dtype or a.dtype)
 
@@ -206,8 +216,11 @@ def quantize_act_int8_groups(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     m, k = a.shape
     x = a.to(torch.float32).reshape(m, k // 32, 32)
     amax = x.abs().amax(dim=2)
-    inv = torch.where(amax > 0, 127.0 / amax.clamp_min(torch.finfo(torch.float32).tiny),
-                      torch.zeros_like(amax))
+    # a tensor / tensor division, one rounding like the kernel's 127.f / amax (a Python scalar
+    # over a tensor is computed as reciprocal() * 127: two roundings, off by an ulp at times,
+    # which flips round(x * inv) at ties)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0)
+                      / amax.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(amax))
     xq = torch.round(x * inv[..., None]).clamp_(-127, 127).reshape(m, k)
     return xq, amax / 127.0, x.sum(dim=2)
 

@@ -32,13 +32,15 @@ def resolve(mode: str, *, device: torch.device, dtype_arg: str) -> str:
     return mode
 
 
-def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, act_int8: bool = False,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """c = a @ (q * scale).T with the registry's choice bound once (see bound_ops)."""
+    """c = a @ (q * scale).T with the registry's choice bound once (see bound_ops); act_int8
+    (int4 mode's logits projection: the third item of its int8 tuple) multiplies int8
+    activation groups in integers."""
     c = out_dtype or a.dtype
     k = bound_ops.bind(("int8w_mm", a.dtype, c), "gemm", "int8w_mm",
                        lambda: dict(formats={"a": fmt(a.dtype), "b": "int8", "c": fmt(c)}))
-    return k(a, q, scale, out_dtype=out_dtype)
+    return k(a, q, scale, act_int8=act_int8, out_dtype=out_dtype)
 
 
 # int4 mode quantizes the activations too (per group of 32 to int8, integer dot products: GGUF's
@@ -62,7 +64,8 @@ def quantize_int4(model) -> int:
     """`--quantization int4`: as quantize_int8, but the dense Linears whose input width is a
     multiple of 32 get 4-bit weights (tskernels.gemm.quantize_q4_groups: asymmetric, groups
     of 32 along K, GGUF Q4_1's block with float32 scales); the others and the logits
-    projection stay int8 per row (the shipped GGUF keeps its tied embedding at 8 bits too).
+    projection stay int8 per row (the shipped GGUF keeps its tied embedding at 8 bits too);
+    the logits projection multiplies int8 activation groups as well (gemm.int8w_mm act_int8).
     Returns the weight bytes saved."""
     from .layers import Linear
 
@@ -76,7 +79,16 @@ def quantize_int4(model) -> int:
             mod.q4 = tskernels.gemm.quantize_q4_groups(w)
             saved += w.numel() * w.element_size() - w.numel() // 2 - w.numel() // 4
             mod.weight = torch.nn.Parameter(w.new_empty(0, w.shape[1]), requires_grad=False)
-    return saved + quantize_int8(model)
+    saved += quantize_int8(model)
+    # the logits projection (int8 weights) takes int8 activation groups too, like every 4-bit
+    # Linear: integer dot products (Q8_0 x Q8_0) instead of widening 28 M weights to float
+    # per token; its call sites unpack the tuple, whose third item is act_int8
+    tied = getattr(model, "int8_lm_head", None)
+    if tied is not None and tied[0].shape[1] % 32 == 0:
+        model.int8_lm_head = (*model.int8_lm_head, INT4_ACT_INT8)
+    if head is not None and head.int8 is not None and head.int8[0].shape[1] % 32 == 0:
+        head.int8 = (*head.int8, INT4_ACT_INT8)
+    return saved
 
 
 def quantize_int8(model) -> int:

@@ -145,6 +145,62 @@ def test_int8w_mm_matches_dequantized_float64(backend, m, n, k):
                  dtype=torch.bfloat16)
 
 
+def _i8a8_truth(a, q, s):
+    """float64 of int8w_mm's act_int8 formula on the reference's activation quantization."""
+    from tskernels_ref.gemm import quantize_act_int8_groups
+
+    xq, sx, _ = quantize_act_int8_groups(a)
+    m, k = a.shape
+    dots = torch.einsum("mgk,ngk->mng", xq.double().view(m, -1, 32),
+                        q.double().view(q.shape[0], -1, 32))
+    return (dots * sx.double()[:, None, :]).sum(-1) * s.double()
+
+
+@needs_ext
+@given(seed=st.integers(0, 2**31 - 1), m=st.integers(1, 16), n=st.integers(1, 150),
+       groups=st.integers(1, 7), threads=st.sampled_from([1, 2]))
+def test_int8w_act_int8_every_path_matches_float64(seed, m, n, groups, threads):
+    """int8 weights x int8 activation groups: AVX-512 VNNI (64 weights a step; odd group
+    counts leave a masked half step), AVX2 (maddubs with the sign trick) and portable."""
+    g = torch.Generator().manual_seed(seed)
+    k = 32 * groups
+    a = torch.randn(m, k, generator=g) * 3
+    a[0, :32] = 0  # an all-zero activation group
+    q, s = tskernels.gemm.quantize_int8_per_channel(torch.randn(n, k, generator=g))
+    truth = _i8a8_truth(a, q, s)
+    prev, old = torch.get_num_threads(), os.environ.get(plat.ISA_ENV)
+    torch.set_num_threads(threads)
+    try:
+        for path in _paths():
+            os.environ[plat.ISA_ENV] = path
+            c = torch.full((m, n), float("nan"))
+            cpu_stream._cpu.gemm_i8w(a.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(),
+                                     m, n, k, k, k, n, act_int8=True)
+            assert_close(c, truth, dtype=torch.float32, name=f"int8 x int8, {path} path")
+    finally:
+        torch.set_num_threads(prev)
+        if old is None:
+            os.environ.pop(plat.ISA_ENV, None)
+        else:
+            os.environ[plat.ISA_ENV] = old
+
+
+@pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()
+                                                     else []))
+@pytest.mark.parametrize("m", [1, 8, 40])
+def test_int8w_mm_act_int8_op_and_its_error(backend, m):
+    g = torch.Generator().manual_seed(m)
+    a = torch.randn(m, 576, generator=g)
+    q, s = tskernels.gemm.quantize_int8_per_channel(torch.randn(4096, 576, generator=g) * .02)
+    c = tskernels.gemm.int8w_mm(a, q, s, act_int8=True, backend=backend)
+    assert_close(c, _i8a8_truth(a, q, s), dtype=torch.float32, name=backend)
+    # 8-bit activation groups of Gaussian rows: ~1 % relative error against float activations
+    exact = a.double() @ (q.double() * s.double()[:, None]).t()
+    assert float((c.double() - exact).norm() / exact.norm()) < 0.02
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tskernels.gemm.int8w_mm(a[:, :40], q[:, :40], s, act_int8=True, backend=backend)
+
+
 def test_int8w_mm_rejects_bad_input():
     a = torch.randn(2, 8)
     q, s = tskernels.gemm.quantize_int8_per_channel(torch.randn(4, 8))

@@ -217,6 +217,8 @@ template <typename P>
 void run_split(const P& p, Isa isa);
 
 #include "cpu_gemm_q4a8.inc"
+#include "cpu_gemm_q4a8_vnni.inc"
+#include "cpu_gemm_i8a8.inc"
 
 template <typename WT>
 void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
@@ -283,10 +285,55 @@ void gemm_bf16w(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int
   gemm_impl<uint16_t>(a, b, 0, c, m, n, k, lda, ldb, ldc, vector);
 }
 
+// N split in 64-row-aligned slices over the OpenMP team (as run_split), body(n0, n1) per slice
+template <typename F>
+void split_rows(int64_t n, int64_t k, const F& body) {
+  nb::gil_scoped_release nogil;
+  int threads = 1;
+#ifdef _OPENMP
+  if (n * k >= (1 << 16)) threads = omp_get_max_threads();
+#endif
+  auto slice = [&](int tid) {
+    const int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
+    const int64_t n0 = std::min<int64_t>(n, per * tid), n1 = std::min<int64_t>(n, n0 + per);
+    if (n0 < n1) body(n0, n1);
+  };
+  if (threads == 1) return slice(0);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; ++t) slice(t);
+#endif
+}
+
+// act_int8: A quantized per group of 32 (K a multiple of 32) and integer dot products
+// (cpu_gemm_i8a8.inc: AVX-512 VNNI, AVX2, portable)
 void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
-              int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
+              int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector, bool act_int8) {
   if (scale == 0) throw std::invalid_argument("gemm_i8w: scale must not be null");
-  gemm_impl<int8_t>(a, b, scale, c, m, n, k, lda, ldb, ldc, vector);
+  if (!act_int8) return gemm_impl<int8_t>(a, b, scale, c, m, n, k, lda, ldb, ldc, vector);
+  if (m < 0 || n < 0 || k < 0 || m > 16)
+    throw std::invalid_argument("gemm_i8w: need 0 <= M <= 16 and N, K >= 0");
+  if (k % 32) throw std::invalid_argument("gemm_i8w: act_int8 needs K a multiple of 32");
+  if (lda < k || ldb < k || ldc < n) throw std::invalid_argument("gemm_i8w: bad leading dims");
+  const Q4Args p{reinterpret_cast<const float*>(a), reinterpret_cast<const uint8_t*>(b),
+                 reinterpret_cast<const float*>(scale), nullptr, reinterpret_cast<float*>(c),
+                 m, n, k, lda, ldb, ldc, k / 32};
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
+    return;
+  }
+  const Isa isa = vector ? cpu_isa() : Isa::scalar;
+  int path = 0;
+#ifdef TSK_X86
+  if (isa == Isa::avx512 && has_avx512_vnni()) path = 2;
+  else if (isa == Isa::avx2 || isa == Isa::avx512) path = 1;
+#endif
+  const Q4A8Buf buf = quantize_rows(p);
+  const Q4A8 qa = buf.view();
+  const I8A8V v = path == 2 ? prepare_i8a8(p, qa) : I8A8V{};
+  split_rows(n, k, [&](int64_t n0, int64_t n1) { i8a8_rows(p, qa, v, path, n0, n1); });
 }
 
 // C[M, N] = A[M, K] . W^T with 4-bit weights: b [N, ldb] bytes (K / 2 used per row),
@@ -314,6 +361,10 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
   if (!act_int8) return run_split(p, isa);
   const Q4A8Buf buf = quantize_rows(p);
   const Q4A8 qa = buf.view();
+#ifdef TSK_X86
+  const bool vnni = isa == Isa::avx512 && has_avx512_vnni();
+  const Q4A8V qv = vnni ? reorder_vnni(p, qa) : Q4A8V{};
+#endif
   nb::gil_scoped_release nogil;
   int threads = 1;
 #ifdef _OPENMP
@@ -324,6 +375,7 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
     const int64_t n0 = std::min<int64_t>(n, per * tid), n1 = std::min<int64_t>(n, n0 + per);
     if (n0 >= n1) return;
 #ifdef TSK_X86
+    if (vnni) return q4a8_rows_vnni(p, qa, qv, n0, n1);
     if (isa == Isa::avx2 || isa == Isa::avx512) return q4a8_rows_avx2(p, qa, n0, n1);
 #endif
     q4a8_rows_portable(p, qa, n0, n1);
@@ -353,6 +405,7 @@ void bind_gemm(nb::module_& mod) {
           "As gemm_f32 with bf16 weights B (widened exactly); A and C float32.");
   mod.def("gemm_i8w", &gemm_i8w, nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("c"),
           nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"),
-          nb::arg("ldc"), nb::arg("vector") = true,
-          "C[M,N] = scale[N] * (A[M,K] . B[N,K]^T) with int8 weights B and float32 scales.");
+          nb::arg("ldc"), nb::arg("vector") = true, nb::arg("act_int8") = false,
+          "C[M,N] = scale[N] * (A[M,K] . B[N,K]^T) with int8 weights B and float32 scales; "
+          "act_int8: A quantized per group of 32 to int8, integer dot products.");
 }

@@ -86,11 +86,15 @@ if _cpu is not None:
     @register("gemm", "int8w_mm", backend=BACKEND, capability=CPU_SIMD, band="portable",
               run_verified=("cpu",), opt_in=True, tags=("deterministic",),
               formats={"a": ("fp32", "bf16"), "b": ("int8",), "c": ("fp32", "bf16")})
-    def int8w_mm(a, q, scale, *, out_dtype=None):
-        """c = a @ (q * scale).T: int8 weights streamed packed for M <= 16, dequantized into
-        torch.mm above (prefill is compute-bound)."""
+    def int8w_mm(a, q, scale, *, act_int8=False, out_dtype=None):
+        """c = a @ (q * scale).T: int8 weights streamed packed for M <= 16 (with act_int8:
+        integer dot products on int8 groups of a), dequantized into torch.mm above (prefill is
+        compute-bound)."""
         out_dtype = out_dtype or a.dtype
         if a.shape[0] > MAX_M:
+            if act_int8:  # the same formula in one float32 GEMM
+                from tskernels_ref.gemm import int8w_mm as ref_int8w_mm
+                return ref_int8w_mm(a.float(), q, scale, act_int8=True, out_dtype=out_dtype)
             w = q.to(torch.float32) * scale[:, None]
             return _convert(torch.mm(a.float(), w.t()), out_dtype)
         x = a if a.dtype == torch.float32 else a.float()
@@ -103,7 +107,8 @@ if _cpu is not None:
         n = q.shape[0]
         c = torch.empty(m, n, dtype=torch.float32)
         _cpu.gemm_i8w(x.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(), m, n, k,
-                      x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k, n)
+                      x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k, n,
+                      act_int8=act_int8)
         return _convert(c, out_dtype)
 
     @register("gemm", "q4w_mm", backend=BACKEND, capability=CPU_SIMD, band="portable",
