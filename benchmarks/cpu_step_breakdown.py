@@ -3,7 +3,7 @@ C++ kernels (GEMM fp32 / int8, decode attention, K/V store, RMSNorm, SiLU-and-mu
 everything else (the Python forward, torch's small ops, the scheduler and sampling).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_step_breakdown.py [--threads 2]
-        [--quantization none int8] [--batch 1 8] [--steps 30] [--json out.json]
+        [--quantization none int8 int4] [--batch 1 8] [--steps 30] [--json out.json]
 
 Every call of the extension module tskernels._cpu made by the CPU backends is timed through a
 wrapper (~1 us per call, included in the kernel figure); "other" = step - sum(kernels). The
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-KERNELS = ("gemm_f32", "gemm_bf16w", "gemm_i8w", "decode_attn_f32", "store_rows",
+KERNELS = ("gemm_f32", "gemm_bf16w", "gemm_i8w", "gemm_q4w", "decode_attn_f32", "store_rows",
            "rmsnorm_f32", "silu_and_mul_f32", "rope_f32")
 
 
