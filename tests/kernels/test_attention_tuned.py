@@ -52,7 +52,8 @@ def test_shipped_decode_config(kernel_device, entry):
     plan = DecodePlan(kvp.page_table, kvp.seq_lens, num_q_heads=8, num_kv_heads=2, head_dim=128,
                       page_size=16, q_dtype=dtype, kv_dtype=kvp.k_cache.dtype, scale=128 ** -0.5,
                       **cfg)
-    assert plan.num_splits == cfg["num_splits"] and plan.block_n == cfg["block_n"]
+    if cfg:   # ({} = the plan's own choice: a tuned "keep the heuristic")
+        assert plan.num_splits == cfg["num_splits"] and plan.block_n == cfg["block_n"]
     out = poisoned_like(q)
     plan.run(q, kvp.k_cache, kvp.v_cache, k_scale=kvp.k_scale, v_scale=kvp.v_scale, out=out)
     truth, same = ref_decode(q, kvp, k_scale=kvp.k_scale, v_scale=kvp.v_scale)
