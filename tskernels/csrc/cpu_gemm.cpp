@@ -285,7 +285,10 @@ void gemm_bf16w(uintptr_t a, uintptr_t b, uintptr_t c, int64_t m, int64_t n, int
   gemm_impl<uint16_t>(a, b, 0, c, m, n, k, lda, ldb, ldc, vector);
 }
 
-// N split in 64-row-aligned slices over the OpenMP team (as run_split), body(n0, n1) per slice
+// N split in slices over the OpenMP team (as run_split), body(n0, n1) per slice
+#ifndef TSK_SLICES
+#define TSK_SLICES 4
+#endif
 template <typename F>
 void split_rows(int64_t n, int64_t k, const F& body) {
   nb::gil_scoped_release nogil;
@@ -293,15 +296,21 @@ void split_rows(int64_t n, int64_t k, const F& body) {
 #ifdef _OPENMP
   if (n * k >= (1 << 16)) threads = omp_get_max_threads();
 #endif
-  auto slice = [&](int tid) {
-    const int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
-    const int64_t n0 = std::min<int64_t>(n, per * tid), n1 = std::min<int64_t>(n, n0 + per);
+  // 16-row-aligned slices (a 64-byte line of C per slice edge; 64-row ones split the model's
+  // N = 576 as 320 + 256 rows), TSK_SLICES per thread handed out dynamically: on a loaded
+  // machine a thread that loses its core for a time slice no longer holds up half the GEMM
+  // (measured: the 49152-row logits GEMM took one 8 ms scheduler quantum instead of ~2 ms
+  // while another process ran)
+  const int64_t parts = threads == 1 ? 1 : std::min<int64_t>(threads * TSK_SLICES, (n + 15) / 16);
+  const int64_t per = ((n + parts - 1) / parts + 15) / 16 * 16;
+  auto slice = [&](int64_t t) {
+    const int64_t n0 = std::min<int64_t>(n, per * t), n1 = std::min<int64_t>(n, n0 + per);
     if (n0 < n1) body(n0, n1);
   };
-  if (threads == 1) return slice(0);
+  if (parts == 1) return slice(0);
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-  for (int t = 0; t < threads; ++t) slice(t);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t t = 0; t < parts; ++t) slice(t);
 #endif
 }
 
@@ -365,26 +374,13 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
   const bool vnni = isa == Isa::avx512 && has_avx512_vnni();
   const Q4A8V qv = vnni ? reorder_vnni(p, qa) : Q4A8V{};
 #endif
-  nb::gil_scoped_release nogil;
-  int threads = 1;
-#ifdef _OPENMP
-  if (n * k >= (1 << 16)) threads = omp_get_max_threads();
-#endif
-  auto slice = [&](int tid) {
-    const int64_t per = ((n + threads - 1) / threads + 63) / 64 * 64;
-    const int64_t n0 = std::min<int64_t>(n, per * tid), n1 = std::min<int64_t>(n, n0 + per);
-    if (n0 >= n1) return;
+  split_rows(n, k, [&](int64_t n0, int64_t n1) {
 #ifdef TSK_X86
     if (vnni) return q4a8_rows_vnni(p, qa, qv, n0, n1);
     if (isa == Isa::avx2 || isa == Isa::avx512) return q4a8_rows_avx2(p, qa, n0, n1);
 #endif
     q4a8_rows_portable(p, qa, n0, n1);
-  };
-  if (threads == 1) return slice(0);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-  for (int t = 0; t < threads; ++t) slice(t);
-#endif
+  });
 }
 
 }  // namespace
