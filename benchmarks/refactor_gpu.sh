@@ -71,30 +71,30 @@ if [ "$STAGE" = recheck ]; then  # what changed after its last GPU-tier run (ses
     2>&1 | tail -30
 fi
 
-if [ "$STAGE" = final ]; then  # session 11's last call: serving (overlap, graph sampling), conformance, MoE experts
+serving_setup() {  # the serve wheels, the tokenizer cache and the cp312 scheduler (.gpuwhl)
   pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
   export TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache
   cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
   python -c "import scheduler._core" || python -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+}
+# the serving tests and the MoE experts, first in both final stages
+SERVING=(--kernel serve.overlap=tests/serve/test_overlap.py
+         --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py
+         --kernel serve.grammar_mask=tests/serve/test_token_bitmask.py
+         --kernel moe.fused_experts.triton=$K/test_moe_experts.py)
+
+if [ "$STAGE" = final ]; then  # session 11's last call: serving (overlap, graph sampling), conformance, MoE experts
+  serving_setup
   timeout ${TIER_TIMEOUT:-230} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-230} - 15 )) --out "$OUT/gpu_tier_final.json" $P \
-    --kernel serve.overlap=tests/serve/test_overlap.py \
-    --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
-    --kernel serve.grammar_mask=tests/serve/test_token_bitmask.py \
-    --kernel moe.fused_experts.triton=$K/test_moe_experts.py \
+    "${SERVING[@]}" \
     --kernel conformance=tests/registry/test_conformance.py \
     2>&1 | tail -25
 fi
 
 if [ "$STAGE" = final12 ]; then  # session 12: what changed since its last GPU tier, serving first
-  pip install -q --no-index --no-deps --target /tmp/site $(ls .gpuwhl/*.whl) && export PYTHONPATH=$PWD:/tmp/site
-  export TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache
-  cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
-  python -c "import scheduler._core" || python -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -2
+  serving_setup
   timeout ${TIER_TIMEOUT:-420} python benchmarks/gpu_tier.py --timeout $(( ${TIER_TIMEOUT:-420} - 15 )) --out "$OUT/gpu_tier_s12.json" $P \
-    --kernel serve.overlap=tests/serve/test_overlap.py \
-    --kernel serve.cuda_graphs=tests/serve/test_cuda_graphs.py \
-    --kernel serve.grammar_mask=tests/serve/test_token_bitmask.py \
-    --kernel moe.fused_experts.triton=$K/test_moe_experts.py \
+    "${SERVING[@]}" \
     --kernel sampling.triton=$K/test_sampling.py,$K/test_sampling_greedy_penalties.py \
     --kernel gdn.triton=$K/test_gdn.py,$K/test_gdn_conv.py \
     --kernel attention.decode.triton=$K/test_attention_decode.py \
