@@ -218,6 +218,7 @@ void run_split(const P& p, Isa isa);
 
 #include "cpu_gemm_q4a8.inc"
 #include "cpu_gemm_q4a8_vnni.inc"
+#include "cpu_gemm_q4a8_x2.inc"
 #include "cpu_gemm_i8a8.inc"
 
 template <typename WT>
@@ -348,7 +349,8 @@ void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m,
 // C[M, N] = A[M, K] . W^T with 4-bit weights: b [N, ldb] bytes (K / 2 used per row),
 // scale / mins float32 [N, K / 32] contiguous; K a multiple of 32.
 // act_int8: A quantized per group of 32 to int8 and integer dot products (cpu_gemm_q4a8.inc);
-// the SIMD path is AVX2 (also on AVX-512 CPUs), NEON and portable run its scalar loop.
+// SIMD paths: AVX-512 VNNI where the CPU has it, else AVX2 (also AVX-512 without VNNI);
+// NEON and portable run its scalar loop.
 void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr_t c, int64_t m,
               int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector,
               bool act_int8) {
@@ -372,12 +374,13 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
   const Q4A8 qa = buf.view();
 #ifdef TSK_X86
   const bool vnni = isa == Isa::avx512 && has_avx512_vnni();
-  const Q4A8V qv = vnni ? reorder_vnni(p, qa) : Q4A8V{};
+  const bool x2 = !vnni && (isa == Isa::avx2 || isa == Isa::avx512);
+  const Q4A8V qv = vnni ? reorder_vnni(p, qa) : x2 ? reorder_groups(p, qa, 2) : Q4A8V{};
 #endif
   split_rows(n, k, [&](int64_t n0, int64_t n1) {
 #ifdef TSK_X86
     if (vnni) return q4a8_rows_vnni(p, qa, qv, n0, n1);
-    if (isa == Isa::avx2 || isa == Isa::avx512) return q4a8_rows_avx2(p, qa, n0, n1);
+    if (x2) return q4a8_rows_x2(p, qa, qv, n0, n1);
 #endif
     q4a8_rows_portable(p, qa, n0, n1);
   });
