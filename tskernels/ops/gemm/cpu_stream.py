@@ -140,6 +140,25 @@ if _cpu is not None:
         return _convert(c, out_dtype)
 
 
+def decode_rows(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                mins: torch.Tensor | None, act_int8: bool) -> torch.Tensor:
+    """The registered q4w_mm (mins given) / int8w_mm (mins None) for float32 c without their
+    per-call layout handling: a float32 [M <= 16, K] contiguous, q / scale / mins contiguous as
+    the quantizers return them (the caller guarantees both: serve's quantized Linears, which
+    make ~120 such calls per decode step, where the general wrapper's stride checks were ~4 us
+    of each)."""
+    m, k = a.shape
+    n = q.shape[0]
+    c = torch.empty(m, n, dtype=torch.float32)
+    if mins is None:
+        _cpu.gemm_i8w(a.data_ptr(), q.data_ptr(), scale.data_ptr(), c.data_ptr(), m, n, k, k, k,
+                      n, act_int8=act_int8)
+    else:
+        _cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(), mins.data_ptr(),
+                      c.data_ptr(), m, n, k, k, k // 2, n, act_int8=act_int8)
+    return c
+
+
 def _dequant_q4(q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """float32 W [N, K] from the packed 4-bit layout (see gemm.q4w_mm)."""
     n, half = q.shape
