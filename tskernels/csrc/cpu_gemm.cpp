@@ -79,8 +79,14 @@ void rows_portable(const Args<WT>& p, int64_t n0, int64_t n1) {
 
 // Weight rows per block for MB rows of A, sized to the register file: MB * NB accumulators +
 // NB weight vectors + one A vector fit in 32 (AVX-512) / 16 (AVX2, NEON pairs) registers.
-constexpr int nb_wide(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 4 : 2; }
-constexpr int nb_narrow(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : mb <= 4 ? 3 : mb <= 6 ? 2 : 1; }
+// One weight row at a time at M = 1: blocks of 8 rows read 8 lines 1-3 KB apart per step,
+// which this machine's prefetchers follow badly from DRAM (int8 weights, 2 threads: 139 -> 69
+// us for 3072 x 576, 1.8 -> 0.8 ms for the 49152 x 576 logits; fp32 ~5 % faster)
+#ifndef TSK_NB1
+#define TSK_NB1 1
+#endif
+constexpr int nb_wide(int mb) { return mb == 1 ? TSK_NB1 : mb == 2 ? 4 : mb <= 4 ? 4 : 2; }
+constexpr int nb_narrow(int mb) { return mb == 1 ? TSK_NB1 : mb == 2 ? 4 : mb <= 4 ? 3 : mb <= 6 ? 2 : 1; }
 // 4-bit weights: NB groups held widened (NB * 32 / W registers) next to MB * NB accumulators
 constexpr int nb4_wide(int mb) { return mb == 1 ? 8 : mb <= 4 ? 4 : 2; }
 constexpr int nb4_narrow(int mb) { return mb == 1 ? 3 : mb == 2 ? 2 : 1; }
