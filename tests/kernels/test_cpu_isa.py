@@ -18,6 +18,8 @@ from tskernels import platform as plat
 from tskernels.numerics import assert_close
 from tskernels.ops.gemm import cpu_stream
 
+from ._cpu_paths import each_path, simd_paths
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_ext = pytest.mark.skipif(not cpu_stream.available(), reason="tskernels._cpu not built")
 FP32 = dict(device="cpu", formats={"a": "fp32", "b": "fp32", "c": "fp32"})
@@ -36,13 +38,6 @@ def isa_env(monkeypatch):
     return set_cap
 
 
-def _paths() -> list[str]:
-    """The SIMD paths this CPU can run (the cap only narrows)."""
-    if not cpu_stream.available():
-        return []
-    best = cpu_stream._cpu.detected_isa()
-    return {"avx512": ["avx512", "avx2"], "avx2": ["avx2"], "neon": ["neon"]}.get(best, []) \
-        + ["scalar"]
 
 
 def test_features_detected_and_capped(isa_env):
@@ -75,7 +70,7 @@ def test_cpp_dispatch_follows_the_cap(isa_env):
 
 @needs_ext
 def test_selection_by_cpu_capability(isa_env):
-    fast = bool(set(_paths()) - {"scalar"})
+    fast = bool(set(simd_paths()) - {"scalar"})
     with tskernels.use_backend(tskernels.KernelPolicy({"gemm.mm": ("cpu_stream",
                                                                    "torch_native")})):
         want = "cpu_stream" if fast else "torch_native"
@@ -103,25 +98,17 @@ def test_every_simd_path_matches_float64(seed, m, n, k, wt, threads):
     else:
         q = w.to(torch.bfloat16) if wt == "bf16" else w
         truth = a.double() @ q.double().t()
-    prev, old = torch.get_num_threads(), os.environ.get(plat.ISA_ENV)
-    torch.set_num_threads(threads)
-    try:
-        for path in _paths():
-            os.environ[plat.ISA_ENV] = path
-            c = torch.full((m, n), float("nan"))
-            if wt == "int8":
-                cpu_stream._cpu.gemm_i8w(a.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(),
-                                         m, n, k, k, k, n)
-            else:
-                fn = cpu_stream._cpu.gemm_f32 if wt == "fp32" else cpu_stream._cpu.gemm_bf16w
-                fn(a.data_ptr(), q.data_ptr(), c.data_ptr(), m, n, k, k, k, n)
-            assert_close(c, truth, dtype=torch.float32, name=f"{wt} weights, {path} path")
-    finally:
-        torch.set_num_threads(prev)
-        if old is None:
-            os.environ.pop(plat.ISA_ENV, None)
+
+    def check(path):
+        c = torch.full((m, n), float("nan"))
+        if wt == "int8":
+            cpu_stream._cpu.gemm_i8w(a.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(),
+                                     m, n, k, k, k, n)
         else:
-            os.environ[plat.ISA_ENV] = old
+            fn = cpu_stream._cpu.gemm_f32 if wt == "fp32" else cpu_stream._cpu.gemm_bf16w
+            fn(a.data_ptr(), q.data_ptr(), c.data_ptr(), m, n, k, k, k, n)
+        assert_close(c, truth, dtype=torch.float32, name=f"{wt} weights, {path} path")
+    each_path(check, threads)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()
@@ -168,21 +155,12 @@ def test_int8w_act_int8_every_path_matches_float64(seed, m, n, groups, threads):
     a[0, :32] = 0  # an all-zero activation group
     q, s = tskernels.gemm.quantize_int8_per_channel(torch.randn(n, k, generator=g))
     truth = _i8a8_truth(a, q, s)
-    prev, old = torch.get_num_threads(), os.environ.get(plat.ISA_ENV)
-    torch.set_num_threads(threads)
-    try:
-        for path in _paths():
-            os.environ[plat.ISA_ENV] = path
-            c = torch.full((m, n), float("nan"))
-            cpu_stream._cpu.gemm_i8w(a.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(),
-                                     m, n, k, k, k, n, act_int8=True)
-            assert_close(c, truth, dtype=torch.float32, name=f"int8 x int8, {path} path")
-    finally:
-        torch.set_num_threads(prev)
-        if old is None:
-            os.environ.pop(plat.ISA_ENV, None)
-        else:
-            os.environ[plat.ISA_ENV] = old
+    def check(path):
+        c = torch.full((m, n), float("nan"))
+        cpu_stream._cpu.gemm_i8w(a.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(),
+                                 m, n, k, k, k, n, act_int8=True)
+        assert_close(c, truth, dtype=torch.float32, name=f"int8 x int8, {path} path")
+    each_path(check, threads)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()

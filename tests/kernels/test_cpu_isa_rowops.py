@@ -5,8 +5,6 @@ polynomial's clamp, GQA groups 1-8, head dims 64 / 128 (vector paths) and 32 (po
 fp32 and bf16 caches, lengths 0, 1 and not a multiple of the page size."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import given
@@ -14,34 +12,13 @@ from hypothesis import strategies as st
 
 import tskernels_ref.activation as ref_act
 import tskernels_ref.attention as ref_attn
-from tskernels import platform as plat
 from tskernels.numerics import assert_close
 from tskernels.ops._common import cpu_extension
 
+from ._cpu_paths import each_path
+
 _cpu = cpu_extension()
 pytestmark = pytest.mark.skipif(_cpu is None, reason="tskernels._cpu not built")
-
-
-def _paths() -> list[str]:
-    """The SIMD paths this CPU can run (the cap only narrows), the portable loop last."""
-    best = _cpu.detected_isa()
-    return {"avx512": ["avx512", "avx2"], "avx2": ["avx2"], "neon": ["neon"]}.get(best, []) \
-        + ["scalar"]
-
-
-def _each_path(fn) -> None:
-    """fn(path) under TSKERNELS_CPU_ISA=path for every path; the caller's setting restored."""
-    old = os.environ.get(plat.ISA_ENV)
-    try:
-        for path in _paths():
-            os.environ[plat.ISA_ENV] = path
-            assert _cpu.isa() == path
-            fn(path)
-    finally:
-        if old is None:
-            os.environ.pop(plat.ISA_ENV, None)
-        else:
-            os.environ[plat.ISA_ENV] = old
 
 
 @given(seed=st.integers(0, 2**31 - 1), rows=st.sampled_from([1, 3, 8]),
@@ -57,7 +34,7 @@ def test_silu_and_mul_every_path(seed, rows, inter, scale):
         _cpu.silu_and_mul_f32(x.data_ptr(), x.stride(0), y.data_ptr(), inter, rows, inter)
         assert torch.isfinite(y).all(), path
         assert_close(y, want, baseline=base, name=f"silu_and_mul, {path} path")
-    _each_path(check)
+    each_path(check)
 
 
 def _paged(seed, lens, page_size, hkv, d, cache_dtype):
@@ -91,4 +68,4 @@ def test_decode_attention_every_path(d, hq, hkv, cache_dtype):
                              o.data_ptr(), o.stride(0), o.stride(1),
                              bf16_cache=cache_dtype == torch.bfloat16)
         assert_close(o, want, baseline=base, name=f"decode attention, {path} path")
-    _each_path(check)
+    each_path(check)

@@ -4,17 +4,16 @@ quantizer's error bound and packing, the reference and the C++ kernel on every S
 on the dequantized weights, the prefill (M > 16) hand-over, and bad input."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import tskernels
-from tskernels import platform as plat
 from tskernels.numerics import assert_close
 from tskernels.ops.gemm import cpu_stream
+
+from ._cpu_paths import each_path
 
 
 def _dequant64(q, scale, mins):
@@ -24,12 +23,6 @@ def _dequant64(q, scale, mins):
     return (nib * scale.double()[..., None] + mins.double()[..., None]).reshape(n, 2 * half)
 
 
-def _paths() -> list[str]:
-    if not cpu_stream.available():
-        return []
-    best = cpu_stream._cpu.detected_isa()
-    return {"avx512": ["avx512", "avx2"], "avx2": ["avx2"], "neon": ["neon"]}.get(best, []) \
-        + ["scalar"]
 
 
 @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 40), groups=st.integers(1, 6),
@@ -62,22 +55,13 @@ def test_every_simd_path_matches_float64(seed, m, n, groups, threads):
     a = torch.randn(m, k, generator=g)
     q, scale, mins = tskernels.gemm.quantize_q4_groups(torch.randn(n, k, generator=g))
     truth = a.double() @ _dequant64(q, scale, mins).t()
-    prev, old = torch.get_num_threads(), os.environ.get(plat.ISA_ENV)
-    torch.set_num_threads(threads)
-    try:
-        for path in _paths():
-            os.environ[plat.ISA_ENV] = path
-            assert cpu_stream._cpu.isa() == path
-            c = torch.full((m, n), float("nan"))
-            cpu_stream._cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(),
-                                     mins.data_ptr(), c.data_ptr(), m, n, k, k, k // 2, n)
-            assert_close(c, truth, dtype=torch.float32, name=f"4-bit weights, {path} path")
-    finally:
-        torch.set_num_threads(prev)
-        if old is None:
-            os.environ.pop(plat.ISA_ENV, None)
-        else:
-            os.environ[plat.ISA_ENV] = old
+
+    def check(path):
+        c = torch.full((m, n), float("nan"))
+        cpu_stream._cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(),
+                                 mins.data_ptr(), c.data_ptr(), m, n, k, k, k // 2, n)
+        assert_close(c, truth, dtype=torch.float32, name=f"4-bit weights, {path} path")
+    each_path(check, threads)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()
@@ -141,22 +125,14 @@ def test_act_int8_every_path_matches_float64(seed, m, n, groups, threads):
     a[0, :32] = 0  # an all-zero activation group
     q, scale, mins = tskernels.gemm.quantize_q4_groups(torch.randn(n, k, generator=g))
     truth = _act8_truth(a, q, scale, mins)
-    prev, old = torch.get_num_threads(), os.environ.get(plat.ISA_ENV)
-    torch.set_num_threads(threads)
-    try:
-        for path in _paths():
-            os.environ[plat.ISA_ENV] = path
-            c = torch.full((m, n), float("nan"))
-            cpu_stream._cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(),
-                                     mins.data_ptr(), c.data_ptr(), m, n, k, k, k // 2, n,
-                                     act_int8=True)
-            assert_close(c, truth, dtype=torch.float32, name=f"4-bit x int8, {path} path")
-    finally:
-        torch.set_num_threads(prev)
-        if old is None:
-            os.environ.pop(plat.ISA_ENV, None)
-        else:
-            os.environ[plat.ISA_ENV] = old
+
+    def check(path):
+        c = torch.full((m, n), float("nan"))
+        cpu_stream._cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(),
+                                 mins.data_ptr(), c.data_ptr(), m, n, k, k, k // 2, n,
+                                 act_int8=True)
+        assert_close(c, truth, dtype=torch.float32, name=f"4-bit x int8, {path} path")
+    each_path(check, threads)
 
 
 @pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()

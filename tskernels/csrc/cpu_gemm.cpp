@@ -227,6 +227,17 @@ void run_split(const P& p, Isa isa);
 #include "cpu_gemm_q4a8_x2.inc"
 #include "cpu_gemm_i8a8.inc"
 
+// Nothing to multiply: M or N is 0, or K is 0 (then C is zero). True when C is done.
+// (P: Args<WT> or Q4Args.)
+template <typename P>
+static bool empty_product(const P& p) {
+  if (p.m == 0 || p.n == 0) return true;
+  if (p.k != 0) return false;
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) p.c[i * p.ldc + j] = 0.f;
+  return true;
+}
+
 template <typename WT>
 void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m, int64_t n,
                int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector) {
@@ -236,12 +247,7 @@ void gemm_impl(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m
   Args<WT> p{reinterpret_cast<const float*>(a), reinterpret_cast<const WT*>(b),
              reinterpret_cast<const float*>(scale), reinterpret_cast<float*>(c),
              m, n, k, lda, ldb, ldc};
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
-    return;
-  }
+  if (empty_product(p)) return;
   run_split(p, vector ? cpu_isa() : Isa::scalar);
 }
 
@@ -334,12 +340,7 @@ void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m,
   const Q4Args p{reinterpret_cast<const float*>(a), reinterpret_cast<const uint8_t*>(b),
                  reinterpret_cast<const float*>(scale), nullptr, reinterpret_cast<float*>(c),
                  m, n, k, lda, ldb, ldc, k / 32};
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
-    return;
-  }
+  if (empty_product(p)) return;
   const Isa isa = vector ? cpu_isa() : Isa::scalar;
   int path = 0;
 #ifdef TSK_X86
@@ -368,12 +369,7 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
   const Q4Args p{reinterpret_cast<const float*>(a), reinterpret_cast<const uint8_t*>(b),
                  reinterpret_cast<const float*>(scale), reinterpret_cast<const float*>(mins),
                  reinterpret_cast<float*>(c), m, n, k, lda, ldb, ldc, k / 32};
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) p.c[i * ldc + j] = 0.f;
-    return;
-  }
+  if (empty_product(p)) return;
   const Isa isa = vector ? cpu_isa() : Isa::scalar;
   if (!act_int8) return run_split(p, isa);
   const Q4A8Buf buf = quantize_rows(p);
