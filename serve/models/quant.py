@@ -13,7 +13,6 @@ import torch
 
 import tskernels
 from tskernels import fmt
-from tskernels.ops.gemm import cpu_stream
 
 from . import bound_ops
 
@@ -41,17 +40,18 @@ def int8w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, act_int8: bo
     c = out_dtype or a.dtype
     k = bound_ops.bind(("int8w_mm", a.dtype, c), "gemm", "int8w_mm",
                        lambda: dict(formats={"a": fmt(a.dtype), "b": "int8", "c": fmt(c)}))
-    if _decode_rows(k, a, c):
-        return cpu_stream.decode_rows(a, q, scale, None, act_int8)
+    lean = _lean(k, a, c)
+    if lean is not None:
+        return lean(a, q, scale, act_int8)
     return k(a, q, scale, act_int8=act_int8, out_dtype=out_dtype)
 
 
-def _decode_rows(k, a: torch.Tensor, c: torch.dtype) -> bool:
-    """Whether the bound kernel is the C++ decode-row GEMM and this call fits its lean entry
-    (cpu_stream.decode_rows: the weights come contiguous from this module's quantizers)."""
-    return k.backend == cpu_stream.BACKEND and a.dtype == torch.float32 \
-        and c == torch.float32 and a.dim() == 2 and a.shape[0] <= cpu_stream.MAX_M \
-        and a.is_contiguous()
+def _lean(k, a: torch.Tensor, c: torch.dtype):
+    """The bound kernel's lean decode-row entry when it has one and this call fits it (the C++
+    decode-row GEMM's: float32 M <= 16 contiguous, skipping the general wrapper's stride
+    handling; the weights come contiguous from this module's quantizers), else None."""
+    lean = getattr(k.fn, "decode_rows", None)
+    return lean if lean is not None and k.fn.fits(a, c) else None
 
 
 # int4 mode quantizes the activations too (per group of 32 to int8, integer dot products: GGUF's
@@ -68,8 +68,9 @@ def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Te
     c = out_dtype or a.dtype
     k = bound_ops.bind(("q4w_mm", a.dtype, c), "gemm", "q4w_mm",
                        lambda: dict(formats={"a": fmt(a.dtype), "b": "uint4", "c": fmt(c)}))
-    if _decode_rows(k, a, c):
-        return cpu_stream.decode_rows(a, q, scale, mins, INT4_ACT_INT8)
+    lean = _lean(k, a, c)
+    if lean is not None:
+        return lean(a, q, scale, mins, INT4_ACT_INT8)
     return k(a, q, scale, mins, act_int8=INT4_ACT_INT8, out_dtype=out_dtype)
 
 

@@ -140,6 +140,12 @@ if _cpu is not None:
         return _convert(c, out_dtype)
 
 
+def fits_decode_rows(a: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether a call with activations `a` and output `out_dtype` may take `decode_rows`."""
+    return a.dtype == torch.float32 and out_dtype == torch.float32 and a.dim() == 2 \
+        and a.shape[0] <= MAX_M and a.is_contiguous()
+
+
 def decode_rows(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 mins: torch.Tensor | None, act_int8: bool) -> torch.Tensor:
     """The registered q4w_mm (mins given) / int8w_mm (mins None) for float32 c without their
@@ -157,6 +163,15 @@ def decode_rows(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
         _cpu.gemm_q4w(a.data_ptr(), q.data_ptr(), scale.data_ptr(), mins.data_ptr(),
                       c.data_ptr(), m, n, k, k, k // 2, n, act_int8=act_int8)
     return c
+
+
+if _cpu is not None:
+    # The lean entry of an engine's quantized Linears, reached through the selected kernel
+    # (`tskernels.select(...).fn.decode_rows` / `.fits`), never by importing this module.
+    int8w_mm.decode_rows = lambda a, q, scale, act_int8: decode_rows(a, q, scale, None,
+                                                                      act_int8)
+    q4w_mm.decode_rows = decode_rows
+    int8w_mm.fits = q4w_mm.fits = fits_decode_rows
 
 
 def _dequant_q4(q: torch.Tensor, scale: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
