@@ -27,6 +27,8 @@ import torch
 
 PROMPT = "Write a short story about a robot who learns to paint, in five sentences."
 MODES = ("engine-fp32", "engine-int8", "engine-int4", "hf-fp32", "llama.cpp")
+# the engine without CPU graphs (every decode step through the Python forward), on request
+EAGER = ("engine-fp32-eager", "engine-int8-eager", "engine-int4-eager")
 QUANT = {"engine-int8": "int8", "engine-int4": "int4"}
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES + EAGER)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -78,7 +80,9 @@ def main() -> None:
     from tskernels import _cpu
 
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-                torch=torch.__version__, threads=a.threads, cpu=cpu_model(), cpu_flags=cpu_flags(),
+                torch=torch.__version__, threads=a.threads,
+                cpu_graphs="on in the engine modes without -eager", cpu=cpu_model(),
+                cpu_flags=cpu_flags(),
                 isa_cap=os.environ.get("TSKERNELS_CPU_ISA"), engine_isa=_cpu.isa(),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
                 load_avg=os.getloadavg(), repeats=a.repeats, stat="median",
@@ -88,7 +92,7 @@ def main() -> None:
                 llama_cpp_system_info=llama_cpp_info, rows=rows)
     for b in a.batch:
         r = {x["mode"]: x for x in rows if x["batch"] == b}
-        for m in ("engine-fp32", "engine-int8", "engine-int4"):
+        for m in ("engine-fp32", "engine-int8", "engine-int4") + EAGER:
             if m in r and "hf-fp32" in r:
                 print(f"batch {b}: {m} / HF whole {r[m]['whole_tok_s'] / r['hf-fp32']['whole_tok_s']:.2f}x")
             if m in r and "llama.cpp" in r:
@@ -108,8 +112,8 @@ def build(a, llama_cpp_info: list) -> dict:
     for m in a.modes:
         if m.startswith("engine"):
             e = Engine("default", device="cpu", enable_prefix_caching=False,
-                       quantization=QUANT.get(m, "none"),
-                       dtype="float32", threads=a.threads)
+                       quantization=QUANT.get(m.removesuffix("-eager"), "none"),
+                       dtype="float32", threads=a.threads, cpu_graphs=not m.endswith("-eager"))
             tok = e.tokenizer
 
             def run_engine(b, n, e=e):

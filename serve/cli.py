@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overlap-schedule", action=argparse.BooleanOptionalAction, default=None,
                    help="prepare step N+1 on the host while the device runs step N (default: on "
                         "a GPU)")
+    e.add_argument("--cpu-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="CPU: record each decode batch size's kernel calls once and replay them "
+                        "from C++ (default: on)")
     e.add_argument("--overlap-lookahead", action=argparse.BooleanOptionalAction, default=None,
                    help="with overlap: launch a greedy decode step's successor before its "
                         "sampled ids are back (default: off)")
@@ -150,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
                 "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
-                "quantization", "device", "seed", "threads", "overlap_schedule",
+                "quantization", "device", "seed", "threads", "overlap_schedule", "cpu_graphs",
                 "capture_shapes", "tune_window_s")
 
 

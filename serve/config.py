@@ -41,6 +41,9 @@ class EngineArgs:
     device: str = "auto"
     num_kv_pages: int | None = None  # explicit pool size (pages, excluding the null page 0)
     cuda_graphs: bool = True
+    # CPU decode steps recorded once per batch size (<= 16 rows) and replayed in C++
+    # (serve.cpu_graph); off: every step runs the Python forward
+    cpu_graphs: bool = True
     # the host prepares step N+1 while the device runs step N (Engine.step); None: on a GPU
     # (on the CPU a step computes while it is launched: nothing to overlap)
     overlap_schedule: bool | None = None

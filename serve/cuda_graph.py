@@ -77,11 +77,17 @@ def _params(buf: torch.Tensor, max_bs: int):
 
 
 class CudaGraphs:
-    def __init__(self, runner, max_num_seqs: int, max_bs: int = 256):
+    """The decode graphs of a GPU runner (serve.cpu_graph.CpuGraphs: a CPU runner's). The
+    capture hooks (`_capture_step`, `_graph_pool`, `_synchronize`, `_capture_samplers`) are
+    what a subclass replaces; the static buffers and their refresh are shared."""
+
+    MAX_BS = 256
+
+    def __init__(self, runner, max_num_seqs: int, max_bs: int | None = None):
         self.runner = runner
         dev = runner.device
-        max_bs = min(max_num_seqs, max_bs)
-        self.sizes = graph_batch_sizes(max_bs)
+        max_bs = min(max_num_seqs, max_bs or self.MAX_BS)
+        self.sizes = self._batch_sizes(max_bs)
         # rows -> the graph size that takes them (0: none)
         self._size_of = np.zeros(max_bs + 1, dtype=np.int64)
         for r in range(max_bs, 0, -1):
@@ -91,27 +97,30 @@ class CudaGraphs:
         nbytes = self._header + max_bs * self._row_bytes
         pinned = dev.type == "cuda"
         self._host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        self._dev = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+        # on the CPU the graphs read the host buffer itself (nothing to upload)
+        self._dev = self._host if dev.type == "cpu" and self.SHARE_HOST else \
+            torch.zeros(nbytes, dtype=torch.uint8, device=dev)
         (self.slot_mapping, self.input_ids, self.positions, self.seq_lens,
          self.page_table) = _inputs(self._dev, max_bs, width)
         self._h = [t.numpy() for t in _inputs(self._host, max_bs, width)]
         self._h[0][:] = -1  # padding rows: no K/V store
-        self._dev.copy_(self._host)
+        self._upload(self._dev, self._host)
         self._uploaded = torch.cuda.Event() if pinned else None
         self.qo_indptr = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self._phost = torch.zeros(_PARAM_BYTES * max_bs, dtype=torch.uint8, pin_memory=pinned)
-        self._pdev = torch.zeros(_PARAM_BYTES * max_bs, dtype=torch.uint8, device=dev)
+        self._pdev = self._phost if self._dev is self._host else \
+            torch.zeros(_PARAM_BYTES * max_bs, dtype=torch.uint8, device=dev)
         self.params = _params(self._pdev, max_bs)
         self._ph = [t.numpy() for t in _params(self._phost, max_bs)]
         self._ph[3][:] = 1.0  # top_p off
-        self._pdev.copy_(self._phost)
+        self._upload(self._pdev, self._phost)
         self._params_uploaded = torch.cuda.Event() if pinned else None
         self.timeline = getattr(runner, "timeline", None)
         # per size: the graph, its outputs (logits, greedy ids), and the attention state whose
         # plans (and their split-KV workspaces) the captured kernels read: it must live as long
         # as the graph
         self.graphs: dict[int, tuple[object, tuple[torch.Tensor, torch.Tensor], object]] = {}
-        pool = _pool()
+        pool = self._graph_pool()
         with torch.inference_mode(), tskernels.use_backend(runner.policy):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
                 meta = StepMeta(self.positions[:bs], self.slot_mapping[:bs],
@@ -121,19 +130,44 @@ class CudaGraphs:
                 batch = ForwardBatch(self.positions[:bs], runner.attention_state(meta))
                 step = functools.partial(_decode_step, runner.model, self.input_ids[:bs], batch)
                 step()  # warm-up: autotune, allocations
-                _sync(dev)
-                graph, out = _capture(step, pool)
+                self._synchronize(dev)
+                graph, out = self._capture_step(step, pool)
                 self.graphs[bs] = (graph, out, batch)
-            # the samplers after every forward graph: their scratch may reuse the forwards'
-            # freed activations (replays are sequential on one stream)
-            self.samplers: dict[int, tuple[object, torch.Tensor]] = {}
-            for bs in reversed(self.sizes):
-                logits = self.graphs[bs][1][0]
-                step = functools.partial(_sample_step, logits, [t[:bs] for t in self.params])
-                step()
-                _sync(dev)
-                self.samplers[bs] = _capture(step, pool)
+            self.samplers: dict[int, tuple[object, torch.Tensor]] = self._capture_samplers(pool)
+        self._synchronize(dev)
+
+    # ---- what a subclass replaces ----------------------------------------------------------
+    SHARE_HOST = False  # the graphs read the host buffers directly (CPU)
+
+    def _batch_sizes(self, max_bs: int) -> list[int]:
+        return graph_batch_sizes(max_bs)
+
+    def _graph_pool(self):
+        return _pool()
+
+    def _synchronize(self, dev) -> None:
         _sync(dev)
+
+    def _capture_step(self, step, pool):
+        return _capture(step, pool)
+
+    def _capture_samplers(self, pool) -> dict:
+        """Per size, the sampler graph over that size's logits. After every forward graph:
+        their scratch may reuse the forwards' freed activations (replays are sequential on
+        one stream)."""
+        samplers = {}
+        for bs in reversed(self.sizes):
+            logits = self.graphs[bs][1][0]
+            step = functools.partial(_sample_step, logits, [t[:bs] for t in self.params])
+            step()
+            self._synchronize(self.runner.device)
+            samplers[bs] = self._capture_step(step, pool)
+        return samplers
+
+    @staticmethod
+    def _upload(dst: torch.Tensor, src: torch.Tensor) -> None:
+        if dst.data_ptr() != src.data_ptr():   # (the same buffer on the CPU: SHARE_HOST)
+            dst.copy_(src, non_blocking=True)
 
     def run(self, plan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(logits [R, V] fp32, greedy token ids [R] int32) of a decode-only plan, on the
@@ -155,7 +189,7 @@ class CudaGraphs:
         lens[rows:bs] = 0
         pt[:rows, :width] = table
         n = self._header + rows * self._row_bytes
-        self._dev[:n].copy_(self._host[:n], non_blocking=True)
+        self._upload(self._dev[:n], self._host[:n])
         if self._uploaded is not None:
             self._uploaded.record()
         graph, (logits, greedy), _ = self.graphs[bs]
@@ -176,7 +210,7 @@ class CudaGraphs:
         h_slot, _, h_pos, h_lens, _ = self._h
         h_slot[:rows], h_pos[:rows], h_lens[:rows] = slot, pos, lens
         # the header only (the ids in it are stale: the device copy below replaces them)
-        self._dev[:self._header].copy_(self._host[:self._header], non_blocking=True)
+        self._upload(self._dev[:self._header], self._host[:self._header])
         if self._uploaded is not None:
             self._uploaded.record()
         graph, (logits, greedy), _ = self.graphs[bs]
@@ -199,7 +233,7 @@ class CudaGraphs:
         h_t[:rows], h_p[:rows], h_minp[:rows], h_k[:rows] = temperature, top_p, min_p, top_k
         h_t[rows:bs], h_k[rows:bs], h_p[rows:bs], h_minp[rows:bs] = 0.0, 0, 1.0, 0.0
         # the whole buffer (32 bytes a row) in one copy: cheaper than six partial ones
-        self._pdev.copy_(self._phost, non_blocking=True)
+        self._upload(self._pdev, self._phost)
         if self._params_uploaded is not None:
             self._params_uploaded.record()
         graph, (ids,) = self.samplers[bs]

@@ -3,7 +3,8 @@ logits of the sampling rows -> per-request sampling.
 
 The KV pool is sized from `gpu_memory_utilization` on a GPU (what is left after the weights,
 minus an activation reserve) and from `num_kv_pages` / `cpu_kv_cache_gb` on the CPU.
-Decode-only steps replay CUDA graphs on a GPU (see serve.cuda_graph); the CPU runs eagerly.
+Decode-only steps replay CUDA graphs on a GPU (serve.cuda_graph) and CPU graphs on the CPU
+(serve.cpu_graph: tskernels' C++ kernel calls recorded once).
 
 `launch()` enqueues a step and returns a `PendingStep` whose sampled ids come back through a
 pinned host buffer and a CUDA event (no device-wide sync); `PendingStep.result()` waits for
@@ -170,13 +171,21 @@ class ModelRunner:
         # autotune: shape capture, and the bounded tuning window before any graph exists
         from tskernels.tuning import engine_start
         engine_start(args.capture_shapes, args.tune_window_s, device)
+        graphs = None
         if device.type == "cuda" and args.cuda_graphs:
-            from .cuda_graph import CudaGraphs
+            from .cuda_graph import CudaGraphs as graphs
+        elif device.type == "cpu" and args.cpu_graphs:
+            from tskernels import cpu_graph
+            if cpu_graph.available():   # (the C++ extension is built)
+                from .cpu_graph import CpuGraphs as graphs
+        if graphs is not None:
             try:
-                self.graphs = CudaGraphs(self, args.max_num_seqs)
+                self.graphs = graphs(self, args.max_num_seqs)
             except Exception as e:  # noqa: BLE001 - an op that cannot be captured: run eagerly
-                log.warning("CUDA graphs disabled (%s: %s); decoding eagerly",
-                            type(e).__name__, e)
+                # a step the CPU recorder refuses (e.g. MoE routing) is expected: info only
+                level = logging.INFO if type(e).__name__ == "CaptureError" else logging.WARNING
+                log.log(level, "%s graphs disabled (%s: %s); decoding eagerly",
+                        "CUDA" if device.type == "cuda" else "CPU", type(e).__name__, e)
                 self.graphs = None
 
     # ---- pool sizing ---------------------------------------------------------------------

@@ -5,6 +5,7 @@
     tskernels.explain("attention", "decode", device="cuda", formats={"q": "bf16", "kv": "bf16"})
     with tskernels.use_backend("reference"): ...
     with tskernels.use_backend(tskernels.KernelPolicy({"gemm.mm": "torch_native"})): ...
+    g = tskernels.CPUGraph(); with g.capture(): step()   # then g.replay() (tskernels.cpu_graph)
     tskernels.available("norm", "rmsnorm", "cpu_native", device="cpu")
 
 Importing this package touches no GPU driver and imports no kernels: op families load on first
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = ["FAMILIES", "GQACacheSpec", "KVCacheSpec", "KernelPolicy", "KernelSpec",
            "MLACacheSpec", "Platform", "SelectionError", "active_policy", "available",
            "clear_cache", "explain", "fmt", "kernels", "platform_of", "register", "select",
-           "use_backend", *FAMILIES]
+           "use_backend", "CPUGraph", *FAMILIES]
 
 
 def __getattr__(name: str):
@@ -37,6 +38,9 @@ def __getattr__(name: str):
         mod = importlib.import_module(f".ops.{name}", __name__)
         globals()[name] = mod
         return mod
+    if name == "CPUGraph":
+        from .cpu_graph import CPUGraph
+        return CPUGraph
     raise AttributeError(f"module 'tskernels' has no attribute {name!r}")
 
 

@@ -159,13 +159,24 @@ def test_later_turn_prefill_interleaves_with_decodes():
     first = eng.generate([turn1], SamplingParams(max_tokens=8, **greedy))[0]
     later = turn1 + first.token_ids + _prompts(4, 1, 160, 161)[0]   # ~160 new tokens
     plans = []
-    launch = eng.runner.launch
+    launch, greedy_decode = eng.runner.launch, eng.runner.launch_greedy_decode
+
+    inside = []
 
     def spy(plan, *a, **k):
-        plans.append((int(plan.num_decode), len(plan.input_ids), len(plan.request_ids)))
+        if not inside:
+            plans.append((int(plan.num_decode), len(plan.input_ids), len(plan.request_ids)))
         return launch(plan, *a, **k)
 
-    eng.runner.launch = spy
+    def spy_greedy(plan):   # all-greedy decode steps (a CPU graph replay: not through launch)
+        plans.append((int(plan.num_decode), len(plan.input_ids), len(plan.request_ids)))
+        inside.append(1)
+        try:
+            return greedy_decode(plan)   # (its eager fallback calls launch: counted once)
+        finally:
+            inside.pop()
+
+    eng.runner.launch, eng.runner.launch_greedy_decode = spy, spy_greedy
     for i, p in enumerate(_prompts(5, 2, 5, 10)):
         eng.add_request(f"d{i}", p, SamplingParams(max_tokens=60, **greedy))
     while len(plans) < 3:   # both decoding

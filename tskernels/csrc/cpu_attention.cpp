@@ -280,13 +280,14 @@ void store_rows(uintptr_t src_ptr, int64_t src_stride, uintptr_t dst_ptr, int64_
 }  // namespace
 
 void bind_attention(nb::module_& mod) {
-  mod.def("decode_attn_f32", &decode_attn_f32, nb::arg("q"), nb::arg("q_sb"), nb::arg("q_sh"),
-          nb::arg("k"), nb::arg("v"), nb::arg("num_pages"), nb::arg("page_size"),
+  mod.def("decode_attn_f32", recordable(&decode_attn_f32), nb::arg("q"), nb::arg("q_sb"),
+          nb::arg("q_sh"), nb::arg("k"), nb::arg("v"), nb::arg("num_pages"),
+          nb::arg("page_size"),
           nb::arg("hkv"), nb::arg("d"), nb::arg("pt"), nb::arg("pt_sb"), nb::arg("pt_cols"),
           nb::arg("lens"), nb::arg("batch"), nb::arg("hq"), nb::arg("scale"), nb::arg("o"),
           nb::arg("o_sb"), nb::arg("o_sh"), nb::arg("vector") = true,
           nb::arg("bf16_cache") = false,
           "Paged decode attention, fp32 q/o, fp32 or bf16 contiguous caches [P, page, Hkv, D].");
-  mod.def("store_rows", &store_rows,
+  mod.def("store_rows", recordable(&store_rows),
           "dst[slots[t]] = src[t] for rows of `width` elements (negative slots skipped).");
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,6 +29,25 @@
 #include <nanobind/nanobind.h>
 
 namespace nb = nanobind;
+
+// A recorded sequence of kernel calls (tskernels.cpu_graph.CPUGraph). While the calling thread
+// captures, every kernel bound through `recordable` runs and then appends itself, with its
+// scalar arguments (raw pointers, sizes, flags), to the program; `replay` calls them again in
+// order on the same memory. Per thread: another thread's kernel calls are never recorded.
+struct CpuProgram {
+  std::vector<std::function<void()>> calls;
+};
+CpuProgram*& capturing_program();  // defined in cpu_module.cpp (one per process)
+
+// The binding of a kernel entry (void, scalar arguments only: what it reads and writes is
+// named by raw pointers) that a capture records. A call that throws is not recorded.
+template <typename... A>
+auto recordable(void (*fn)(A...)) {
+  return [fn](A... args) {
+    fn(args...);
+    if (CpuProgram* p = capturing_program()) p->calls.emplace_back([fn, args...] { fn(args...); });
+  };
+}
 
 namespace {
 

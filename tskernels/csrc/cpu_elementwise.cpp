@@ -150,9 +150,9 @@ void rope_f32(uintptr_t x_ptr, int64_t x_st, int64_t x_sh, uintptr_t out_ptr, in
 }  // namespace
 
 void bind_elementwise(nb::module_& mod) {
-  mod.def("rmsnorm_f32", &rmsnorm_f32);
-  mod.def("silu_and_mul_f32", &silu_and_mul_f32, nb::arg("x"), nb::arg("x_stride"),
+  mod.def("rmsnorm_f32", recordable(&rmsnorm_f32));
+  mod.def("silu_and_mul_f32", recordable(&silu_and_mul_f32), nb::arg("x"), nb::arg("x_stride"),
           nb::arg("y"), nb::arg("y_stride"), nb::arg("rows"), nb::arg("inter"),
           nb::arg("vector") = true);
-  mod.def("rope_f32", &rope_f32);
+  mod.def("rope_f32", recordable(&rope_f32));
 }

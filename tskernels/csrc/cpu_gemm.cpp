@@ -391,20 +391,24 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
 }  // namespace
 
 void bind_gemm(nb::module_& mod) {
-  mod.def("gemm_q4w", &gemm_q4w, nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("mins"),
+  mod.def("gemm_q4w", recordable(&gemm_q4w),
+          nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("mins"),
           nb::arg("c"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("lda"),
           nb::arg("ldb"), nb::arg("ldc"), nb::arg("vector") = true, nb::arg("act_int8") = false,
           "C[M,N] = A[M,K] . W^T, W 4-bit in groups of 32 along K (w = scale * q + min); "
           "act_int8: A quantized per group of 32 to int8, integer dot products.");
-  mod.def("gemm_f32", &gemm_f32, nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
+  mod.def("gemm_f32", recordable(&gemm_f32),
+          nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
           nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"), nb::arg("ldc"),
           nb::arg("vector") = true,
           "C[M,N] = A[M,K] . B[N,K]^T on raw float32 pointers (row-major, M <= 16).");
-  mod.def("gemm_bf16w", &gemm_bf16w, nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
+  mod.def("gemm_bf16w", recordable(&gemm_bf16w),
+          nb::arg("a"), nb::arg("b"), nb::arg("c"), nb::arg("m"),
           nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"), nb::arg("ldc"),
           nb::arg("vector") = true,
           "As gemm_f32 with bf16 weights B (widened exactly); A and C float32.");
-  mod.def("gemm_i8w", &gemm_i8w, nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("c"),
+  mod.def("gemm_i8w", recordable(&gemm_i8w),
+          nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("c"),
           nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("lda"), nb::arg("ldb"),
           nb::arg("ldc"), nb::arg("vector") = true, nb::arg("act_int8") = false,
           "C[M,N] = scale[N] * (A[M,K] . B[N,K]^T) with int8 weights B and float32 scales; "
