@@ -219,3 +219,50 @@ def test_cpu_kernels_compile_for_aarch64(tmp_path):
                                                                     "cpu_gemm.cpp.o")],
                          capture_output=True, text=True, timeout=120).stdout
     assert "fmla" in dis, "the NEON GEMM path emitted no fused multiply-add"
+
+
+QEMU = "qemu-aarch64-static"
+HARNESS = os.path.join(ROOT, "tests", "kernels", "cpu_gemm_harness.cpp")
+
+
+def _build_harness(cxx: str, out, *extra: str) -> None:
+    r = subprocess.run([cxx, "-std=c++17", "-O2", "-fopenmp", *extra, HARNESS, "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{cxx}: harness build failed\n{r.stderr[-3000:]}"
+
+
+def _run_harness(cmd: list[str], isa: str, env: dict | None = None) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})})
+    assert r.returncode == 0 and "cpu_gemm_harness: isa=" + isa in r.stdout \
+        and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-2000:]
+    return r.stdout
+
+
+def test_gemm_paths_agree_natively(tmp_path):
+    """The stand-alone harness on this CPU: its best SIMD path (and AVX2 under the cap) against
+    the portable loop, every weight kind, float and int8 activations."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no native C++ compiler")
+    exe = tmp_path / "harness"
+    _build_harness(cxx, exe)
+    paths = [p for p in simd_paths() if p != "scalar"] or ["scalar"]
+    for path in paths:
+        _run_harness([str(exe)], path, {plat.ISA_ENV: path})
+
+
+def test_neon_gemm_paths_run_under_qemu(tmp_path):
+    """The aarch64 build of the harness, run under qemu user-mode emulation: the NEON paths
+    (fp32 / bf16 / int8 / 4-bit weights, float and int8 activations) agree with the portable
+    loop. Correctness only; no ARM machine has timed them. .ci/run installs the emulator."""
+    cxx, qemu = shutil.which(CROSS), shutil.which(QEMU)
+    if cxx is None or qemu is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CROSS} / {QEMU} not found: .ci/run installs g++-aarch64-linux-gnu "
+                        f"and qemu-user-static")
+        pytest.skip(f"{CROSS} or {QEMU} not installed")
+    exe = tmp_path / "harness_aarch64"
+    _build_harness(cxx, exe, "-static")
+    out = _run_harness([qemu, str(exe)], "neon")
+    assert "cases=" in out

@@ -26,7 +26,15 @@
 #define TSK_NEON 1
 #endif
 
+#ifdef TSK_NO_BINDINGS
+// a stand-alone build of the kernels without Python (tests/kernels/cpu_gemm_harness.cpp): no
+// interpreter lock to release
+namespace nanobind {
+struct gil_scoped_release {};
+}  // namespace nanobind
+#else
 #include <nanobind/nanobind.h>
+#endif
 
 namespace nb = nanobind;
 
@@ -187,7 +195,9 @@ __attribute__((target("avx2"))) inline float hsum256(__m256 v) {
 
 }  // namespace
 
+#ifndef TSK_NO_BINDINGS
 // Each family's translation unit adds its functions to the module.
 void bind_gemm(nb::module_& mod);
 void bind_attention(nb::module_& mod);
 void bind_elementwise(nb::module_& mod);
+#endif

@@ -226,6 +226,7 @@ void run_split(const P& p, Isa isa);
 #include "cpu_gemm_q4a8_vnni.inc"
 #include "cpu_gemm_q4a8_x2.inc"
 #include "cpu_gemm_i8a8.inc"
+#include "cpu_gemm_a8_neon.inc"
 
 // Nothing to multiply: M or N is 0, or K is 0 (then C is zero). True when C is done.
 // (P: Args<WT> or Q4Args.)
@@ -349,6 +350,10 @@ void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m,
 #endif
   const Q4A8Buf buf = quantize_rows(p);
   const Q4A8 qa = buf.view();
+#ifdef TSK_NEON
+  if (isa == Isa::neon)
+    return split_rows(n, k, [&](int64_t n0, int64_t n1) { i8a8_rows_neon(p, qa, n0, n1); });
+#endif
   const I8A8V v = path == 2 ? prepare_i8a8(p, qa) : I8A8V{};
   split_rows(n, k, [&](int64_t n0, int64_t n1) { i8a8_rows(p, qa, v, path, n0, n1); });
 }
@@ -357,7 +362,7 @@ void gemm_i8w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t c, int64_t m,
 // scale / mins float32 [N, K / 32] contiguous; K a multiple of 32.
 // act_int8: A quantized per group of 32 to int8 and integer dot products (cpu_gemm_q4a8.inc);
 // SIMD paths: AVX-512 VNNI where the CPU has it, else AVX2 (also AVX-512 without VNNI);
-// NEON and portable run its scalar loop.
+// NEON on AArch64 (cpu_gemm_a8_neon.inc); a scalar loop elsewhere.
 void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr_t c, int64_t m,
               int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, bool vector,
               bool act_int8) {
@@ -384,12 +389,16 @@ void gemm_q4w(uintptr_t a, uintptr_t b, uintptr_t scale, uintptr_t mins, uintptr
     if (vnni) return q4a8_rows_vnni(p, qa, qv, n0, n1);
     if (x2) return q4a8_rows_x2(p, qa, qv, n0, n1);
 #endif
+#ifdef TSK_NEON
+    if (isa == Isa::neon) return q4a8_rows_neon(p, qa, n0, n1);
+#endif
     q4a8_rows_portable(p, qa, n0, n1);
   });
 }
 
 }  // namespace
 
+#ifndef TSK_NO_BINDINGS
 void bind_gemm(nb::module_& mod) {
   mod.def("gemm_q4w", recordable(&gemm_q4w),
           nb::arg("a"), nb::arg("b"), nb::arg("scale"), nb::arg("mins"),
@@ -414,3 +423,4 @@ void bind_gemm(nb::module_& mod) {
           "C[M,N] = scale[N] * (A[M,K] . B[N,K]^T) with int8 weights B and float32 scales; "
           "act_int8: A quantized per group of 32 to int8, integer dot products.");
 }
+#endif  // TSK_NO_BINDINGS
