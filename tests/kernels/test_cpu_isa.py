@@ -222,7 +222,7 @@ def test_cpu_kernels_compile_for_aarch64(tmp_path):
 
 
 QEMU = "qemu-aarch64-static"
-HARNESS = os.path.join(ROOT, "tests", "kernels", "cpu_gemm_harness.cpp")
+HARNESS = os.path.join(ROOT, "tests", "kernels", "cpu_kernels_harness.cpp")
 
 
 def _build_harness(cxx: str, out, *extra: str) -> None:
@@ -234,14 +234,15 @@ def _build_harness(cxx: str, out, *extra: str) -> None:
 def _run_harness(cmd: list[str], isa: str, env: dict | None = None) -> str:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})})
-    assert r.returncode == 0 and "cpu_gemm_harness: isa=" + isa in r.stdout \
+    assert r.returncode == 0 and "cpu_kernels_harness: isa=" + isa in r.stdout \
         and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-2000:]
     return r.stdout
 
 
 def test_gemm_paths_agree_natively(tmp_path):
     """The stand-alone harness on this CPU: its best SIMD path (and AVX2 under the cap) against
-    the portable loop, every weight kind, float and int8 activations."""
+    the portable loops: the GEMM (every weight kind, float and int8 activations), SiLU-and-mul,
+    paged decode attention."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no native C++ compiler")
@@ -254,8 +255,9 @@ def test_gemm_paths_agree_natively(tmp_path):
 
 def test_neon_gemm_paths_run_under_qemu(tmp_path):
     """The aarch64 build of the harness, run under qemu user-mode emulation: the NEON paths
-    (fp32 / bf16 / int8 / 4-bit weights, float and int8 activations) agree with the portable
-    loop. Correctness only; no ARM machine has timed them. .ci/run installs the emulator."""
+    (GEMM: fp32 / bf16 / int8 / 4-bit weights, float and int8 activations; SiLU-and-mul; the
+    decode attention's softmax) agree with the portable loops. Correctness only; no ARM machine
+    has timed them. .ci/run installs the emulator."""
     cxx, qemu = shutil.which(CROSS), shutil.which(QEMU)
     if cxx is None or qemu is None:
         if os.environ.get("CI") == "true":

@@ -211,7 +211,20 @@ void decode_attn_impl(uintptr_t q_ptr, int64_t q_sb, int64_t q_sh, uintptr_t k_p
       float m = sg[0];
       for (int64_t j = 1; j < len; ++j) m = std::max(m, sg[j]);
       float sum = 0.f;
-      for (int64_t j = 0; j < len; ++j) {
+      int64_t j = 0;
+#ifdef TSK_NEON
+      if (isa == Isa::neon) {  // (the dot products and the V sums: `omp simd` loops)
+        const float32x4_t mv = vdupq_n_f32(m);
+        float32x4_t acc4 = vdupq_n_f32(0.f);
+        for (; j + 4 <= len; j += 4) {
+          const float32x4_t e = exp_neon(vsubq_f32(vld1q_f32(sg + j), mv));
+          vst1q_f32(sg + j, e);
+          acc4 = vaddq_f32(acc4, e);
+        }
+        sum = vaddvq_f32(acc4);
+      }
+#endif
+      for (; j < len; ++j) {
         sg[j] = std::exp(sg[j] - m);
         sum += sg[j];
       }
@@ -279,6 +292,7 @@ void store_rows(uintptr_t src_ptr, int64_t src_stride, uintptr_t dst_ptr, int64_
 
 }  // namespace
 
+#ifndef TSK_NO_BINDINGS
 void bind_attention(nb::module_& mod) {
   mod.def("decode_attn_f32", recordable(&decode_attn_f32), nb::arg("q"), nb::arg("q_sb"),
           nb::arg("q_sh"), nb::arg("k"), nb::arg("v"), nb::arg("num_pages"),
@@ -291,3 +305,4 @@ void bind_attention(nb::module_& mod) {
   mod.def("store_rows", recordable(&store_rows),
           "dst[slots[t]] = src[t] for rows of `width` elements (negative slots skipped).");
 }
+#endif  // TSK_NO_BINDINGS

@@ -193,6 +193,26 @@ __attribute__((target("avx2"))) inline float hsum256(__m256 v) {
 }
 #endif
 
+#ifdef TSK_NEON
+// exp(x) for 4 lanes (AArch64 Advanced SIMD): exp256's clamp, polynomial and exponent build.
+inline float32x4_t exp_neon(float32x4_t x) {
+  x = vmaxq_f32(x, vdupq_n_f32(-87.f));
+  x = vminq_f32(x, vdupq_n_f32(88.f));
+  const float32x4_t t = vmulq_f32(x, vdupq_n_f32(1.4426950408889634f));
+  const float32x4_t n = vrndnq_f32(t);  // to nearest, ties to even
+  const float32x4_t f = vsubq_f32(t, n);
+  float32x4_t p = vdupq_n_f32(1.5403530393381606e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3333558146428443e-3f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(9.6181291076284772e-3f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(5.5504108664821580e-2f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(2.4022650695910071e-1f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(6.9314718055994531e-1f), p, f);
+  p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+#endif
+
 }  // namespace
 
 #ifndef TSK_NO_BINDINGS

@@ -1,5 +1,6 @@
 // Row ops of a CPU decode step in fp32: RMSNorm (+ fused residual add), SiLU-and-mul, RoPE
-// (the "cpu_native" backends of the norm, activation and rope families).
+// (the "cpu_native" backends of the norm, activation and rope families). SiLU-and-mul has
+// AVX-512, AVX2 and NEON paths; the others are loops the compiler vectorizes.
 
 #include "cpu_common.h"
 
@@ -29,6 +30,19 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* g, const flo
     const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
     const __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(one, e));
     _mm256_storeu_ps(y + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+#endif
+
+#ifdef TSK_NEON
+void silu_mul_neon(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  const float32x4_t one = vdupq_n_f32(1.f);
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t gv = vld1q_f32(g + i);
+    const float32x4_t sg = vdivq_f32(gv, vaddq_f32(one, exp_neon(vnegq_f32(gv))));
+    vst1q_f32(y + i, vmulq_f32(sg, vld1q_f32(u + i)));
   }
   for (; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
@@ -94,6 +108,12 @@ void silu_and_mul_f32(uintptr_t x_ptr, int64_t x_stride, uintptr_t y_ptr, int64_
       continue;
     }
 #endif
+#ifdef TSK_NEON
+    if (isa == Isa::neon) {
+      silu_mul_neon(g, u, yr, inter);
+      continue;
+    }
+#endif
     for (int64_t i = 0; i < inter; ++i) yr[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   }
 }
@@ -149,6 +169,7 @@ void rope_f32(uintptr_t x_ptr, int64_t x_st, int64_t x_sh, uintptr_t out_ptr, in
 
 }  // namespace
 
+#ifndef TSK_NO_BINDINGS
 void bind_elementwise(nb::module_& mod) {
   mod.def("rmsnorm_f32", recordable(&rmsnorm_f32));
   mod.def("silu_and_mul_f32", recordable(&silu_and_mul_f32), nb::arg("x"), nb::arg("x_stride"),
@@ -156,3 +177,4 @@ void bind_elementwise(nb::module_& mod) {
           nb::arg("vector") = true);
   mod.def("rope_f32", recordable(&rope_f32));
 }
+#endif  // TSK_NO_BINDINGS

@@ -1,11 +1,15 @@
-// A stand-alone run of the decode-row GEMM kernels (tskernels/csrc/cpu_gemm.cpp, included whole
-// so that its internal entry points are reachable): every SIMD path this build has (NEON on
-// AArch64; AVX-512 / AVX2 on x86) against the same kernel's portable loop, for fp32, bf16, int8
-// and 4-bit weights, with float and int8 activations, over M = 1..16, odd N and several K.
+// A stand-alone run of the C++ CPU kernels (tskernels/csrc/*.cpp, included whole so that their
+// internal entry points are reachable): every SIMD path this build has (NEON on AArch64;
+// AVX-512 / AVX2 on x86) against the same kernel's portable loop: the decode-row GEMM for fp32,
+// bf16, int8 and 4-bit weights with float and int8 activations (M = 1..16, odd N, several K),
+// SiLU-and-mul, and paged decode attention (fp32 / bf16 caches, head dims 64 / 128, GQA groups,
+// permuted pages, empty rows).
 // Built and run by tests/kernels/test_cpu_isa.py: natively, and for aarch64 with the cross
 // compiler under qemu-aarch64 (user-mode emulation: the NEON code runs, its speed means nothing).
-// Exit status 0 and "cpu_gemm_harness: OK" when every path agrees.
+// Exit status 0 and "cpu_kernels_harness: ... OK" when every path agrees.
 #define TSK_NO_BINDINGS  // no Python: cpu_common.h's lock release is a no-op, no bindings
+#include "../../tskernels/csrc/cpu_attention.cpp"
+#include "../../tskernels/csrc/cpu_elementwise.cpp"
 #include "../../tskernels/csrc/cpu_gemm.cpp"
 
 #include <cstdio>
@@ -95,15 +99,70 @@ void run(int64_t m, int64_t n, int64_t k) {
   }
 }
 
+void run_silu(int64_t rows, int64_t inter) {
+  std::vector<float> x(rows * 2 * inter), fast(rows * inter), slow(rows * inter);
+  for (auto& v : x) v = uni(-12.f, 12.f);
+  auto X = reinterpret_cast<uintptr_t>(x.data());
+  silu_and_mul_f32(X, 2 * inter, reinterpret_cast<uintptr_t>(fast.data()), inter, rows, inter,
+                   true);
+  silu_and_mul_f32(X, 2 * inter, reinterpret_cast<uintptr_t>(slow.data()), inter, rows, inter,
+                   false);
+  std::vector<double> mag(rows * inter);
+  for (int64_t i = 0; i < rows * inter; ++i) mag[i] = std::fabs(slow[i]);
+  // polynomial exp (~2e-7 relative) against libm's
+  compare({"silu_and_mul", rows, inter, 0}, fast, slow, mag, 1e-6);
+}
+
+template <typename CT>
+void run_attention(int64_t batch, int64_t hq, int64_t hkv, int64_t d, bool bf16_cache) {
+  const int64_t page = 4, pages = 64, cols = 16;
+  std::vector<CT> kc(pages * page * hkv * d), vc(kc.size());
+  for (size_t i = 0; i < kc.size(); ++i) {
+    const float k = uni(-1.f, 1.f), v = uni(-1.f, 1.f);
+    if constexpr (sizeof(CT) == 2) {
+      kc[i] = bf16(k);
+      vc[i] = bf16(v);
+    } else {
+      kc[i] = k;
+      vc[i] = v;
+    }
+  }
+  std::vector<int32_t> table(batch * cols), lens(batch);
+  std::vector<int32_t> perm(pages - 1);
+  for (int64_t i = 0; i < pages - 1; ++i) perm[i] = static_cast<int32_t>(i + 1);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t c = 0; c < cols; ++c) table[b * cols + c] = perm[c];
+    lens[b] = b == 1 ? 0 : std::uniform_int_distribution<int>(1, cols * page)(rng);
+  }
+  std::vector<float> q(batch * hq * d), fast(batch * hq * d), slow(batch * hq * d);
+  for (auto& v : q) v = uni(-2.f, 2.f);
+  auto P = [](const auto& v) { return reinterpret_cast<uintptr_t>(v.data()); };
+  for (bool v : {true, false})
+    decode_attn_f32(P(q), hq * d, d, P(kc), P(vc), pages, page, hkv, d, P(table), cols, cols,
+                    P(lens), batch, hq, 1.0 / std::sqrt(double(d)), P(v ? fast : slow), hq * d,
+                    d, v, bf16_cache);
+  std::vector<double> mag(batch * hq * d, 1.0);  // outputs are averages of |v| <= 1
+  compare({bf16_cache ? "decode_attn bf16" : "decode_attn f32", batch, hq, d}, fast, slow, mag,
+          2e-6);
+}
+
 }  // namespace
 
 int main() {
+  for (int64_t rows : {1, 3, 8})
+    for (int64_t inter : {1, 7, 64, 1536}) run_silu(rows, inter);
+  for (int64_t d : {64, 128})
+    for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{9, 3}, {8, 8}, {16, 2}, {32, 4}}) {
+      run_attention<float>(3, hq, hkv, d, false);
+      run_attention<uint16_t>(3, hq, hkv, d, true);
+    }
   for (int64_t m : {1, 2, 3, 5, 8, 9, 16})
     for (int64_t n : {1, 7, 33, 130})
       for (int64_t k : {32, 64, 96, 576}) run(m, n, k);
   run(1, 1536, 576);  // a model shape, N split over the threads
   run(4, 576, 1536);
-  std::printf("cpu_gemm_harness: isa=%s cases=%d worst=%.3g %s\n", isa_name(cpu_isa()), cases,
+  std::printf("cpu_kernels_harness: isa=%s cases=%d worst=%.3g %s\n", isa_name(cpu_isa()), cases,
               worst, failures ? "FAILED" : "OK");
   return failures ? 1 : 0;
 }
