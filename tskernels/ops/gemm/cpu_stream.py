@@ -11,8 +11,9 @@ registry (or an engine's policy) falls back to torch's own GEMM. On the 2-core d
 streams fp32 weights at ~25-29 GB/s at M=1 where torch.mm (MKL) reaches ~11-15
 (`python benchmarks/cpu_gemm_probe.py`). Above 16 rows (prefill) `mm` hands over to torch.mm,
 which is compute-bound there and good at it (int8_mm dequantizes for that case).
-The NEON path is compile-checked for aarch64 (tests/kernels/test_cpu_isa.py, cross compiler),
-not yet run on an ARM machine.
+The NEON paths are built for aarch64 with a cross compiler and run under qemu's user-mode
+emulation against the portable loop (tests/kernels/cpu_kernels_harness.cpp via
+tests/kernels/test_cpu_isa.py); no ARM machine has timed them.
 
 bf16 weights are widened to fp32 exactly as they are read (half the bytes of fp32), x is
 widened once, the sums are fp32 and the result is rounded to bf16 once, like the reference.
