@@ -67,7 +67,7 @@ def test_every_simd_path_matches_float64(seed, m, n, groups, threads):
 @pytest.mark.parametrize("backend", ["reference"] + (["cpu_stream"] if cpu_stream.available()
                                                      else []))
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 576), (8, 576, 1536), (5, 130, 64),
-                                   (40, 70, 96)])
+                                   (40, 70, 96), (300, 33, 64)])
 @pytest.mark.parametrize("a_dtype", [torch.float32, torch.bfloat16])
 def test_q4w_mm_matches_dequantized_float64(backend, m, n, k, a_dtype):
     g = torch.Generator().manual_seed(m * 1000 + n)

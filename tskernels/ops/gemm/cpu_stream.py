@@ -88,14 +88,11 @@ if _cpu is not None:
               run_verified=("cpu",), opt_in=True, tags=("deterministic",),
               formats={"a": ("fp32", "bf16"), "b": ("int8",), "c": ("fp32", "bf16")})
     def int8w_mm(a, q, scale, *, act_int8=False, out_dtype=None):
-        """c = a @ (q * scale).T: int8 weights streamed packed for M <= 16 (with act_int8:
-        integer dot products on int8 groups of a), dequantized into torch.mm above (prefill is
-        compute-bound)."""
+        """c = a @ (q * scale).T: int8 weights streamed packed, 16 rows of a per pass (with
+        act_int8: integer dot products on int8 groups of a); float activations above
+        CHUNK_MAX_M rows: dequantized into torch.mm."""
         out_dtype = out_dtype or a.dtype
-        if a.shape[0] > MAX_M:
-            if act_int8:  # the same formula in one float32 GEMM
-                from tskernels_ref.gemm import int8w_mm as ref_int8w_mm
-                return ref_int8w_mm(a.float(), q, scale, act_int8=True, out_dtype=out_dtype)
+        if a.shape[0] > MAX_M and not _chunk(a.shape[0], act_int8):
             w = q.to(torch.float32) * scale[:, None]
             return _convert(torch.mm(a.float(), w.t()), out_dtype)
         x = a if a.dtype == torch.float32 else a.float()
@@ -107,24 +104,22 @@ if _cpu is not None:
         m, k = x.shape
         n = q.shape[0]
         c = torch.empty(m, n, dtype=torch.float32)
-        _cpu.gemm_i8w(x.data_ptr(), q.data_ptr(), s.data_ptr(), c.data_ptr(), m, n, k,
-                      x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k, n,
-                      act_int8=act_int8)
+        lda, ldb = x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k
+        for r in range(0, max(m, 1), MAX_M):   # prefill: 16 rows per weight pass
+            rows = min(MAX_M, m - r)
+            _cpu.gemm_i8w(x[r:].data_ptr(), q.data_ptr(), s.data_ptr(), c[r:].data_ptr(), rows,
+                          n, k, lda, ldb, n, act_int8=act_int8)
         return _convert(c, out_dtype)
 
     @register("gemm", "q4w_mm", backend=BACKEND, capability=CPU_SIMD, band="portable",
               run_verified=("cpu",), opt_in=True, tags=("deterministic",),
               formats={"a": ("fp32", "bf16"), "b": ("uint4",), "c": ("fp32", "bf16")})
     def q4w_mm(a, q, scale, mins, *, act_int8=False, out_dtype=None):
-        """c = a @ W.T, 4-bit W (groups of 32) widened as streamed for M <= 16 (with
-        act_int8: integer dot products on int8 groups of a); dequantized into torch.mm above
-        (prefill is compute-bound)."""
+        """c = a @ W.T, 4-bit W (groups of 32) widened as streamed, 16 rows of a per pass
+        (with act_int8: integer dot products on int8 groups of a); float activations above
+        CHUNK_MAX_M rows: dequantized into torch.mm."""
         out_dtype = out_dtype or a.dtype
-        if a.shape[0] > MAX_M:
-            if act_int8:  # the same formula in two float32 GEMMs
-                from tskernels_ref.gemm import q4w_mm as ref_q4w_mm
-                return ref_q4w_mm(a.float(), q, scale, mins, act_int8=True,
-                                  out_dtype=out_dtype)
+        if a.shape[0] > MAX_M and not _chunk(a.shape[0], act_int8):
             return _convert(torch.mm(a.float(), _dequant_q4(q, scale, mins).t()), out_dtype)
         x = a if a.dtype == torch.float32 else a.float()
         if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
@@ -135,10 +130,24 @@ if _cpu is not None:
         m, k = x.shape
         n = q.shape[0]
         c = torch.empty(m, n, dtype=torch.float32)
-        _cpu.gemm_q4w(x.data_ptr(), q.data_ptr(), s.data_ptr(), mn.data_ptr(), c.data_ptr(), m,
-                      n, k, x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k // 2, n,
-                      act_int8=act_int8)
+        lda, ldb = x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k // 2
+        for r in range(0, max(m, 1), MAX_M):   # prefill: 16 rows per weight pass
+            rows = min(MAX_M, m - r)
+            _cpu.gemm_q4w(x[r:].data_ptr(), q.data_ptr(), s.data_ptr(), mn.data_ptr(),
+                          c[r:].data_ptr(), rows, n, k, lda, ldb, n, act_int8=act_int8)
         return _convert(c, out_dtype)
+
+
+# Prefill rows of the weight-only GEMMs: 16 rows per pass of the decode-row kernel beat
+# dequantizing the weight for torch.mm at every M measured (2 threads, AVX-512, one SmolLM2 layer:
+# 4-bit x int8 M=32 1.19 vs 5.58 ms, M=256 9.87 vs 18.94; float activations M=256 14.2 vs
+# 15.9; benchmarks/RESULTS.md, issue 22), and decode and prefill then compute the same formula
+# the same way. Integer activations always; float activations up to CHUNK_MAX_M rows.
+CHUNK_MAX_M = 256
+
+
+def _chunk(m: int, act_int8: bool) -> bool:
+    return act_int8 or m <= CHUNK_MAX_M
 
 
 def fits_decode_rows(a: torch.Tensor, out_dtype: torch.dtype) -> bool:
