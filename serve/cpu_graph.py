@@ -98,7 +98,7 @@ class CpuGraphs(CudaGraphs):
                min_p: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> torch.Tensor:
         """As CudaGraphs.sample: ids drawn from the logits of the graph `run` just replayed,
         by the eager sampler (the same op the sampler graph records on a GPU)."""
-        logits = self.graphs[self.sizes[int(np.searchsorted(self.sizes, rows))]][1][0]
+        logits = self.graphs[int(self._size_of[rows])][1][0]
         col = torch.from_numpy
         out = tskernels.sampling.sample(logits[:rows], temperature=col(temperature),
                                         top_k=col(top_k), top_p=col(top_p), min_p=col(min_p),

@@ -98,7 +98,7 @@ class CudaGraphs:
         pinned = dev.type == "cuda"
         self._host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned)
         # on the CPU the graphs read the host buffer itself (nothing to upload)
-        self._dev = self._host if dev.type == "cpu" and self.SHARE_HOST else \
+        self._dev = self._host if self.SHARE_HOST else \
             torch.zeros(nbytes, dtype=torch.uint8, device=dev)
         (self.slot_mapping, self.input_ids, self.positions, self.seq_lens,
          self.page_table) = _inputs(self._dev, max_bs, width)

@@ -183,7 +183,8 @@ class ModelRunner:
                 self.graphs = graphs(self, args.max_num_seqs)
             except Exception as e:  # noqa: BLE001 - an op that cannot be captured: run eagerly
                 # a step the CPU recorder refuses (e.g. MoE routing) is expected: info only
-                level = logging.INFO if type(e).__name__ == "CaptureError" else logging.WARNING
+                from tskernels.cpu_graph import CaptureError
+                level = logging.INFO if isinstance(e, CaptureError) else logging.WARNING
                 log.log(level, "%s graphs disabled (%s: %s); decoding eagerly",
                         "CUDA" if device.type == "cuda" else "CPU", type(e).__name__, e)
                 self.graphs = None

@@ -10,7 +10,8 @@ none of them (only the slow portable loop would run) the backend is not selectab
 registry (or an engine's policy) falls back to torch's own GEMM. On the 2-core dev box it
 streams fp32 weights at ~25-29 GB/s at M=1 where torch.mm (MKL) reaches ~11-15
 (`python benchmarks/cpu_gemm_probe.py`). Above 16 rows (prefill) `mm` hands over to torch.mm,
-which is compute-bound there and good at it (int8_mm dequantizes for that case).
+which is compute-bound there and good at it; the weight-only int8w_mm / q4w_mm run the kernel
+16 rows per pass instead (see CHUNK_MAX_M).
 The NEON paths are built for aarch64 with a cross compiler and run under qemu's user-mode
 emulation against the portable loop (tests/kernels/cpu_kernels_harness.cpp via
 tests/kernels/test_cpu_isa.py); no ARM machine has timed them.
@@ -105,8 +106,7 @@ if _cpu is not None:
         n = q.shape[0]
         c = torch.empty(m, n, dtype=torch.float32)
         lda, ldb = x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k
-        for r in range(0, max(m, 1), MAX_M):   # prefill: 16 rows per weight pass
-            rows = min(MAX_M, m - r)
+        for r, rows in _row_passes(m):
             _cpu.gemm_i8w(x[r:].data_ptr(), q.data_ptr(), s.data_ptr(), c[r:].data_ptr(), rows,
                           n, k, lda, ldb, n, act_int8=act_int8)
         return _convert(c, out_dtype)
@@ -131,8 +131,7 @@ if _cpu is not None:
         n = q.shape[0]
         c = torch.empty(m, n, dtype=torch.float32)
         lda, ldb = x.stride(0) if m > 1 else k, q.stride(0) if n > 1 else k // 2
-        for r in range(0, max(m, 1), MAX_M):   # prefill: 16 rows per weight pass
-            rows = min(MAX_M, m - r)
+        for r, rows in _row_passes(m):
             _cpu.gemm_q4w(x[r:].data_ptr(), q.data_ptr(), s.data_ptr(), mn.data_ptr(),
                           c[r:].data_ptr(), rows, n, k, lda, ldb, n, act_int8=act_int8)
         return _convert(c, out_dtype)
@@ -148,6 +147,12 @@ CHUNK_MAX_M = 256
 
 def _chunk(m: int, act_int8: bool) -> bool:
     return act_int8 or m <= CHUNK_MAX_M
+
+
+def _row_passes(m: int):
+    """(first row, rows) of each kernel call over m rows of a: 16 per weight pass (one empty
+    call for m = 0, which the kernel returns from at once)."""
+    return [(r, min(MAX_M, m - r)) for r in range(0, max(m, 1), MAX_M)]
 
 
 def fits_decode_rows(a: torch.Tensor, out_dtype: torch.dtype) -> bool:
