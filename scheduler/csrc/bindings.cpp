@@ -89,16 +89,19 @@ NB_MODULE(_core, m) {
           "__init__",
           [](SchedulerConfig* self, int32_t num_pages, int32_t page_size, int32_t max_running,
              int32_t token_budget, int32_t max_context, bool enable_prefix_cache,
-             std::vector<int32_t> eos_token_ids, int32_t finished_history) {
+             std::vector<int32_t> eos_token_ids, int32_t finished_history,
+             int32_t decode_reserve_tokens) {
             SchedulerConfig cfg{num_pages,   page_size,           max_running,
                                 token_budget, max_context,        enable_prefix_cache,
-                                std::move(eos_token_ids), finished_history};
+                                std::move(eos_token_ids), finished_history,
+                                decode_reserve_tokens};
             cfg.validate();
             new (self) SchedulerConfig(std::move(cfg));
           },
           "num_pages"_a = 4096, "page_size"_a = 16, "max_running"_a = 256,
           "token_budget"_a = 2048, "max_context"_a = 4096, "enable_prefix_cache"_a = true,
-          "eos_token_ids"_a = std::vector<int32_t>{}, "finished_history"_a = 4096)
+          "eos_token_ids"_a = std::vector<int32_t>{}, "finished_history"_a = 4096,
+          "decode_reserve_tokens"_a = 0)
       .def_rw("num_pages", &SchedulerConfig::num_pages)
       .def_rw("page_size", &SchedulerConfig::page_size)
       .def_rw("max_running", &SchedulerConfig::max_running)
@@ -107,12 +110,14 @@ NB_MODULE(_core, m) {
       .def_rw("enable_prefix_cache", &SchedulerConfig::enable_prefix_cache)
       .def_rw("eos_token_ids", &SchedulerConfig::eos_token_ids)
       .def_rw("finished_history", &SchedulerConfig::finished_history)
+      .def_rw("decode_reserve_tokens", &SchedulerConfig::decode_reserve_tokens)
       .def("__repr__", [](const SchedulerConfig& c) {
         return "SchedulerConfig(num_pages=" + std::to_string(c.num_pages) +
                ", page_size=" + std::to_string(c.page_size) +
                ", max_running=" + std::to_string(c.max_running) +
                ", token_budget=" + std::to_string(c.token_budget) +
-               ", max_context=" + std::to_string(c.max_context) + ")";
+               ", max_context=" + std::to_string(c.max_context) +
+               ", decode_reserve_tokens=" + std::to_string(c.decode_reserve_tokens) + ")";
       });
 
   auto ro = nb::rv_policy::reference_internal;  // views keep their Plan alive
@@ -134,6 +139,7 @@ NB_MODULE(_core, m) {
             return nb::ndarray<nb::numpy, const int32_t>(data, {p.entries.size(), size_t(t.width)});
           }, ro)
       .def_prop_ro("slot_mapping", [](Plan& p) { return view(p.slot_mapping); }, ro)
+      .def_prop_ro("next_slot_mapping", [](Plan& p) { return view(p.next_slot_mapping); }, ro)
       .def_prop_ro("sample", [](Plan& p) {
             static const bool empty[1] = {};
             const bool* data =
@@ -190,6 +196,9 @@ NB_MODULE(_core, m) {
       .def("request_state", &Scheduler::request_state, "request_id"_a)
       .def("request_pages", &Scheduler::request_pages, "request_id"_a)
       .def_prop_ro("config", [](const Scheduler& s) { return s.config(); })  // a copy: read-only
+      .def_prop_rw("decode_reserve_tokens",
+                   [](const Scheduler& s) { return s.config().decode_reserve_tokens; },
+                   &Scheduler::set_decode_reserve_tokens)
       .def("check_invariants", &Scheduler::check_invariants)
       .def("page_refcounts",
            [](const Scheduler& s) {
@@ -226,6 +235,8 @@ NB_MODULE(_core, m) {
         d["evictions"] = st.evictions;
         d["retractions"] = st.retractions;
         d["steps"] = st.steps;
+        d["decode_reservations"] = st.decode_reservations;
+        d["reservation_misses"] = st.reservation_misses;
         return d;
       });
 }

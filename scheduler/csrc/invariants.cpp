@@ -45,6 +45,16 @@ void Scheduler::check_invariants() const {
     ++running;
     if (pages->size() * int64_t(ps) < cached) fail(who + "pages do not cover cached_len");
     if (pages->size() > (max_context_ + ps - 1) / ps) fail(who + "more pages than max_context");
+    // A prefill holds the pages of its tokens; a decode at most decode_reserve_tokens more.
+    const int32_t extra = std::holds_alternative<Decoding>(r.state) ? reserve_bound_ : 0;
+    if (pages->size() > (int64_t(len) + extra + ps - 1) / ps)
+      fail(who + "holds " + str(pages->size()) + " pages for " + str(len) + " tokens");
+    // Pages past the computed K/V (a chunk's, a reserved next page) are this request's alone.
+    for (int32_t k = (cached + ps - 1) / ps; k < pages->size(); ++k) {
+      int32_t page = pages->pages()[k];
+      if (page > 0 && page < N && (alloc_.refcount(page) != 1 || alloc_.is_cached(page)))
+        fail(who + "page " + str(page) + " holds no K/V yet but is shared or cached");
+    }
     for (int32_t page : pages->pages()) {
       if (page <= 0 || page >= N) fail(who + "holds page id " + str(page));
       ++owners[page];

@@ -11,6 +11,12 @@
 // (a) it has usually done the least work, so recompute is cheapest, and (b) the oldest request
 // is then never retracted, so it always progresses and finishes: no livelock, FIFO fairness.
 // A request keeps its arrival number when retracted, so it becomes the oldest in time.
+//
+// Next-page reservation (decode_reserve_tokens = 1): after everything above, each planned
+// decode row whose next position opens a page takes that page now if one is free or
+// evictable; otherwise it goes without (no retraction, no effect on this step's batch). It is
+// the page the row's next step would take anyway, one step early, so the next step's
+// allocations (and retractions) are the same as without it; a row that finishes returns it.
 #include <algorithm>
 
 #include "scheduler.h"
@@ -187,8 +193,33 @@ Plan Scheduler::next_plan() {
   // After a retraction the retracted request heads the queue; admitting anything now would
   // only hand back the pages that retraction just freed.
   if (!b.retracted) admit_waiting(b);
+  if (cfg_.decode_reserve_tokens > 0) reserve_next_pages(b);
   write_plan(b);
   return std::move(b.plan);
+}
+
+// Whether a request whose step computes up to seq_len tokens (and samples the next) can be
+// planned again: not when the sampled token ends it by length.
+bool Scheduler::continues_after(const Request& r, int32_t seq_len) const {
+  return seq_len + 1 < max_context_ && r.num_generated() + 1 < r.max_new_tokens;
+}
+
+void Scheduler::reserve_next_pages(Builder& b) {
+  const int32_t ps = cfg_.page_size;
+  for (const Scheduled& s : b.batch) {
+    Request& r = slab_[s.slot];
+    auto* d = std::get_if<Decoding>(&r.state);
+    if (d == nullptr) continue;  // decodes lead the batch, but retraction may have reordered
+    const int32_t seq = d->cached_len + 1;
+    const int32_t want = pages_for(int64_t(seq) + cfg_.decode_reserve_tokens, ps);
+    if (want <= d->pages.size() || !continues_after(r, seq)) continue;
+    if (alloc_.available() < want - d->pages.size()) {
+      ++reservation_misses_;
+      continue;
+    }
+    d->pages.grow(want - d->pages.size());
+    reservations_ += 1;
+  }
 }
 
 void Scheduler::write_plan(Builder& b) {
@@ -203,6 +234,7 @@ void Scheduler::write_plan(Builder& b) {
   plan.cached_lens.reserve(R);
   plan.seq_lens.reserve(R);
   plan.sample.reserve(R);
+  plan.next_slot_mapping.reserve(R);
   plan.entries.reserve(R);
   plan.input_ids.reserve(T);
   plan.positions.reserve(T);
@@ -225,7 +257,10 @@ void Scheduler::write_plan(Builder& b) {
     const int32_t seq = cached + s.num_tokens;
     const bool sample = seq == static_cast<int32_t>(r.tokens.size());
     const int32_t* pages = page_lists[i]->pages().data();
-    width = std::max(width, pages_for(seq, ps));
+    const int32_t held = page_lists[i]->size();  // a decode row may hold its next page too
+    width = std::max(width, held);
+    const bool next = sample && continues_after(r, seq) && int64_t(held) * ps > seq;
+    plan.next_slot_mapping.push_back(next ? int64_t(pages[seq / ps]) * ps + seq % ps : -1);
     plan.request_ids.push_back(r.id);
     plan.qo_indptr.push_back(static_cast<int32_t>(plan.input_ids.size()) + s.num_tokens);
     plan.cached_lens.push_back(cached);
@@ -250,7 +285,7 @@ void Scheduler::write_plan(Builder& b) {
   for (size_t i = 0; i < R; ++i) {
     const Request& r = slab_[b.batch[i].slot];
     const int32_t* pages = page_lists[i]->pages().data();
-    const int32_t n = pages_for(plan.seq_lens[i], ps);
+    const int32_t n = page_lists[i]->size();
     int32_t* row = &table->data[i * width];
     PageTable::Row& old = table->rows[i];
     if (old.epoch == r.pages_epoch && old.num_pages <= n) {

@@ -37,6 +37,8 @@ void SchedulerConfig::validate() const {
   positive("token_budget", token_budget);
   if (max_context < 2) throw bad("max_context must be >= 2, got " + std::to_string(max_context));
   if (finished_history < 0) throw bad("finished_history must be >= 0");
+  if (decode_reserve_tokens < 0 || decode_reserve_tokens > 1)
+    throw bad("decode_reserve_tokens must be 0 or 1, got " + std::to_string(decode_reserve_tokens));
   if (int64_t(num_pages) * page_size > INT32_MAX)
     throw bad("num_pages * page_size must fit in int32 (token positions are int32)");
 }
@@ -49,11 +51,20 @@ Scheduler::Scheduler(SchedulerConfig cfg)
       alloc_(cfg_.num_pages),
       cache_(alloc_, cfg_.page_size),
       slots_(cfg_.max_running),
-      id_(next_scheduler_id()) {
+      id_(next_scheduler_id()),
+      reserve_bound_(cfg_.decode_reserve_tokens) {
   alloc_.set_evict_callback([this](int32_t page) { cache_.on_evict(page); });
 }
 
 Scheduler::~Scheduler() = default;
+
+void Scheduler::set_decode_reserve_tokens(int32_t tokens) {
+  SchedulerConfig cfg = cfg_;
+  cfg.decode_reserve_tokens = tokens;
+  cfg.validate();
+  cfg_.decode_reserve_tokens = tokens;
+  reserve_bound_ = std::max(reserve_bound_, tokens);
+}
 
 Request& Scheduler::by_id(int64_t id) {
   auto it = slot_of_.find(id);
@@ -272,7 +283,8 @@ std::vector<int32_t> Scheduler::request_pages(int64_t id) const {
 Stats Scheduler::stats() const {
   return Stats{cfg_.num_pages, alloc_.num_free(), alloc_.num_evictable(), alloc_.num_used(),
                cache_.num_entries(), num_running(), num_waiting_, lookups_, hit_tokens_,
-               query_tokens_, deferrals_, alloc_.evictions(), retractions_, step_};
+               query_tokens_, deferrals_, alloc_.evictions(), retractions_, step_,
+               reservations_, reservation_misses_};
 }
 
 }  // namespace sched

@@ -24,6 +24,11 @@ struct SchedulerConfig {
   bool enable_prefix_cache = true;
   std::vector<int32_t> eos_token_ids;
   int32_t finished_history = 4096;  // finished/aborted requests kept for output_ids()
+  // 0 or 1. With 1, a planned decode row also gets the page of its *next* position when that
+  // position opens a page and a page is free or evictable (never by retracting anyone), so
+  // the step after this one can be launched before this one's ids are back (the serving
+  // loop's lookahead). Plan::next_slot_mapping says which rows have it.
+  int32_t decode_reserve_tokens = 0;
   void validate() const;            // throws std::invalid_argument naming the field
 };
 
@@ -54,6 +59,11 @@ struct Plan {
   std::vector<int32_t> seq_lens;      // [R]
   std::shared_ptr<const PageTable> page_table;  // [R, width]
   std::vector<int64_t> slot_mapping;  // [T]
+  // [R]: the KV slot of the position after seq_lens[r] (the token this step samples) when the
+  // row's pages already hold it and the row can go on after this step; -1 otherwise
+  // (prefill chunks that do not sample, rows finishing by length, no page for it yet). The
+  // page table rows include the page of every such slot.
+  std::vector<int64_t> next_slot_mapping;
   std::vector<uint8_t> sample;        // [R] bool
   std::vector<int64_t> retracted;     // [k]
 
@@ -76,6 +86,8 @@ struct Stats {
   int32_t num_pages, free_pages, cached_pages, used_pages, cache_entries, running, waiting;
   int64_t prefix_lookups, prefix_hit_tokens, prefix_query_tokens, prefix_deferrals, evictions,
       retractions, steps;
+  int64_t decode_reservations;  // pages handed to decode rows one step early
+  int64_t reservation_misses;   // rows that wanted one and found no free or evictable page
 };
 
 class UnknownRequest : public std::out_of_range {
@@ -106,6 +118,9 @@ class Scheduler {
   std::vector<int32_t> request_pages(int64_t id) const;
   Stats stats() const;
   const SchedulerConfig& config() const { return cfg_; }
+  // Changes SchedulerConfig::decode_reserve_tokens for the plans made from now on (0 or 1).
+  // Pages already reserved stay with their rows and are used by their next step.
+  void set_decode_reserve_tokens(int32_t tokens);
   const PageAllocator& allocator() const { return alloc_; }
   // Throws std::logic_error describing the first broken invariant (see invariants.cpp).
   void check_invariants() const;
@@ -131,6 +146,8 @@ class Scheduler {
   void retract_youngest(Builder& b);
   void schedule_prefill(int32_t slot, Prefilling& p, Builder& b);
   void admit_waiting(Builder& b);
+  bool continues_after(const Request& r, int32_t seq_len) const;
+  void reserve_next_pages(Builder& b);
   Admission admit(int32_t slot, Builder& b);
   void write_plan(Builder& b);
   std::shared_ptr<PageTable> page_table_buffer();
@@ -165,6 +182,8 @@ class Scheduler {
   std::vector<std::shared_ptr<PageTable>> page_tables_;  // recycled plan page tables
   uint64_t next_epoch_ = 1;                           // numbers each admission's PageList
   int64_t lookups_ = 0, hit_tokens_ = 0, query_tokens_ = 0, deferrals_ = 0, retractions_ = 0;
+  int64_t reservations_ = 0, reservation_misses_ = 0;
+  int32_t reserve_bound_ = 0;  // the largest decode_reserve_tokens ever set (invariants)
 };
 
 }  // namespace sched

@@ -30,10 +30,15 @@ def check_pages(s: scheduler.Scheduler, live_ids: set[int]) -> None:
     assert st["running"] + st["waiting"] == len(live_ids)
 
 
-def check_plan(s: scheduler.Scheduler, plan: scheduler.Plan, tokens: dict[int, list[int]]) -> None:
+def check_plan(s: scheduler.Scheduler, plan: scheduler.Plan, tokens: dict[int, list[int]],
+               limits: dict[int, tuple[int, int]] | None = None) -> None:
     """Plan arrays agree with each other, with the requests' tokens and with their pages.
-    `tokens[rid]` is prompt + outputs as the caller has seen them."""
-    ps, R = s.config.page_size, len(plan)
+    `tokens[rid]` is prompt + outputs as the caller has seen them; `limits[rid]` (prompt
+    length, max_new_tokens), when given, lets the next-slot column be checked exactly."""
+    cfg = s.config
+    ps, R = cfg.page_size, len(plan)
+    max_len = min(cfg.max_context, (cfg.num_pages - 1) * ps + 1)
+    assert plan.next_slot_mapping.dtype == np.int64 and plan.next_slot_mapping.shape == (R,)
     rids, qo = plan.request_ids, plan.qo_indptr
     T = int(qo[-1])
     assert rids.dtype == np.int64 and plan.input_ids.dtype == np.int32
@@ -59,8 +64,20 @@ def check_plan(s: scheduler.Scheduler, plan: scheduler.Plan, tokens: dict[int, l
         assert plan.positions[lo:hi].tolist() == list(range(cached, seq))
         pages = s.request_pages(rid)
         n_pages = -(-seq // ps)
+        # a decode row may hold the page of its next position too (decode_reserve_tokens)
+        extra = s.decode_reserve_tokens if i < plan.num_decode else 0
+        assert n_pages <= len(pages) <= -(-(seq + extra) // ps), (rid, seq, pages)
         row = plan.page_table[i].tolist()
-        assert row[:n_pages] == pages[:n_pages] and all(p == 0 for p in row[n_pages:])
+        assert row[:len(pages)] == pages and all(p == 0 for p in row[len(pages):])
+        nxt = int(plan.next_slot_mapping[i])
+        held = len(pages) * ps > seq
+        if limits is None:   # the slot when given; -1 is right for a row that ends here
+            assert nxt == -1 or (held and plan.sample[i]
+                                 and nxt == pages[seq // ps] * ps + seq % ps), (rid, nxt)
+        else:
+            prompt_len, max_new = limits[rid]
+            go_on = bool(plan.sample[i]) and seq + 1 < max_len and seq + 1 - prompt_len < max_new
+            assert nxt == (pages[seq // ps] * ps + seq % ps if go_on and held else -1), (rid, nxt)
         pos = np.arange(cached, seq)
         expect = np.asarray(pages, dtype=np.int64)[pos // ps] * ps + pos % ps
         assert np.array_equal(plan.slot_mapping[lo:hi], expect)

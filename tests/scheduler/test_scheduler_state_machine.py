@@ -90,7 +90,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _step(self, rng, abort_in_flight=False, finishing=True):
         plan = self.s.next_plan()
-        check_plan(self.s, plan, self.tokens)
+        check_plan(self.s, plan, self.tokens,
+                   {rid: sp[:2] for rid, sp in self.spec.items()})
         COUNTS["plans"] += 1
         COUNTS["retractions"] += len(plan.retracted)
         sampled = rng.integers(4, 60, size=len(plan)).astype(np.int32)

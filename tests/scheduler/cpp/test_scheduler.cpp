@@ -212,9 +212,10 @@ TEST(page_table_rows_are_recycled_but_held_plans_stay_intact) {
 }
 
 TEST(random_workload_keeps_invariants) {
-  for (uint64_t seed = 0; seed < 6; ++seed) {
+  for (uint64_t seed = 0; seed < 8; ++seed) {
     std::mt19937_64 rng(seed);
     SchedulerConfig c = small_config();
+    c.decode_reserve_tokens = static_cast<int32_t>(seed % 2);  // next-page reservation too
     c.num_pages = 12 + static_cast<int32_t>(rng() % 20);
     c.max_running = 1 + static_cast<int32_t>(rng() % 6);
     c.token_budget = 1 + static_cast<int32_t>(rng() % 24);
@@ -258,6 +259,30 @@ TEST(random_workload_keeps_invariants) {
       CHECK(s.output_ids(id) == out[id]);
     }
   }
+}
+
+TEST(decode_reserves_its_next_page) {
+  SchedulerConfig c = small_config();
+  c.decode_reserve_tokens = 1;
+  Scheduler s(c);
+  s.submit(1, iota_tokens(6), 20);  // pages of 4: positions 6, 7 fill page 2, 8 opens page 3
+  Plan p;
+  step(s, p);  // prefill: next position 6 is in page 2
+  CHECK(p.next_slot_mapping.size() == 1 && p.next_slot_mapping[0] == p.page_table->data[1] * 4 + 2);
+  step(s, p);  // decode at 6
+  CHECK(s.request_pages(1).size() == 2 && p.page_table->width == 2);
+  step(s, p);  // decode at 7: the page of position 8 is taken now
+  std::vector<int32_t> pages = s.request_pages(1);
+  REQUIRE(pages.size() == 3);
+  CHECK(p.page_table->width == 3 && p.page_table->data[2] == pages[2]);
+  CHECK(p.next_slot_mapping[0] == int64_t(pages[2]) * 4);
+  CHECK(s.stats().decode_reservations == 1 && s.stats().used_pages == 3);
+  step(s, p);  // decode at 8 writes into the reserved page: nothing new
+  CHECK(s.request_pages(1) == pages && p.slot_mapping[0] == int64_t(pages[2]) * 4);
+  s.abort(1);
+  CHECK(s.stats().used_pages == 0);
+  s.check_invariants();
+  CHECK_THROWS(s.set_decode_reserve_tokens(3), std::invalid_argument, "decode_reserve_tokens");
 }
 
 HARNESS_MAIN
