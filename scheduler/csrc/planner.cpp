@@ -259,8 +259,10 @@ void Scheduler::write_plan(Builder& b) {
     const int32_t* pages = page_lists[i]->pages().data();
     const int32_t held = page_lists[i]->size();  // a decode row may hold its next page too
     width = std::max(width, held);
-    const bool next = sample && continues_after(r, seq) && int64_t(held) * ps > seq;
-    plan.next_slot_mapping.push_back(next ? int64_t(pages[seq / ps]) * ps + seq % ps : -1);
+    int64_t next = -1;  // no step after this one
+    if (sample && continues_after(r, seq))
+      next = int64_t(held) * ps > seq ? int64_t(pages[seq / ps]) * ps + seq % ps : -2;
+    plan.next_slot_mapping.push_back(next);
     plan.request_ids.push_back(r.id);
     plan.qo_indptr.push_back(static_cast<int32_t>(plan.input_ids.size()) + s.num_tokens);
     plan.cached_lens.push_back(cached);

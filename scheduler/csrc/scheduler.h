@@ -59,10 +59,11 @@ struct Plan {
   std::vector<int32_t> seq_lens;      // [R]
   std::shared_ptr<const PageTable> page_table;  // [R, width]
   std::vector<int64_t> slot_mapping;  // [T]
-  // [R]: the KV slot of the position after seq_lens[r] (the token this step samples) when the
-  // row's pages already hold it and the row can go on after this step; -1 otherwise
-  // (prefill chunks that do not sample, rows finishing by length, no page for it yet). The
-  // page table rows include the page of every such slot.
+  // [R]: where the K/V of the token this step samples goes in the row's next step (position
+  // seq_lens[r]), when the row's pages already hold it; -2 when the row goes on but that
+  // position's page is not held yet; -1 when the row has no next step (it ends by length
+  // with this token, or this chunk does not sample). The page table rows include the page
+  // of every such slot.
   std::vector<int64_t> next_slot_mapping;
   std::vector<uint8_t> sample;        // [R] bool
   std::vector<int64_t> retracted;     // [k]

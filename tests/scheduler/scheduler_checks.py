@@ -71,13 +71,13 @@ def check_plan(s: scheduler.Scheduler, plan: scheduler.Plan, tokens: dict[int, l
         assert row[:len(pages)] == pages and all(p == 0 for p in row[len(pages):])
         nxt = int(plan.next_slot_mapping[i])
         held = len(pages) * ps > seq
-        if limits is None:   # the slot when given; -1 is right for a row that ends here
-            assert nxt == -1 or (held and plan.sample[i]
-                                 and nxt == pages[seq // ps] * ps + seq % ps), (rid, nxt)
+        slot = pages[seq // ps] * ps + seq % ps if held else -2
+        if limits is None:   # -1 is right for a row that ends here
+            assert nxt == -1 or (plan.sample[i] and nxt == slot), (rid, nxt)
         else:
             prompt_len, max_new = limits[rid]
             go_on = bool(plan.sample[i]) and seq + 1 < max_len and seq + 1 - prompt_len < max_new
-            assert nxt == (pages[seq // ps] * ps + seq % ps if go_on and held else -1), (rid, nxt)
+            assert nxt == (slot if go_on else -1), (rid, nxt)
         pos = np.arange(cached, seq)
         expect = np.asarray(pages, dtype=np.int64)[pos // ps] * ps + pos % ps
         assert np.array_equal(plan.slot_mapping[lo:hi], expect)

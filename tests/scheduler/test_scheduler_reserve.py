@@ -8,7 +8,7 @@ this one before this one's ids are back (serve.model_runner.launch_lookahead).
 - twin runs: the same random submits / aborts / tokens through a scheduler with and without
   reservation give the same batches step by step (rows, positions, lengths, retractions,
   events): a reservation never retracts anyone nor changes who runs;
-- the pressure case by hand: no page to reserve -> -1 and a miss, nobody retracted.
+- the pressure case by hand: no page to reserve -> -2 and a miss, nobody retracted.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_no_page_to_reserve_means_no_reservation_and_no_retraction():
     s.advance(p, np.array([11, 12], np.int32))
     p = s.next_plan()                 # decodes at position 3; position 4 needs a new page
     assert p.num_decode == 2 and len(p.retracted) == 0
-    assert p.next_slot_mapping.tolist() == [s.request_pages(1)[2] * 2, -1]
+    assert p.next_slot_mapping.tolist() == [s.request_pages(1)[2] * 2, -2]
     st_ = s.stats()
     assert st_["reservation_misses"] == 1 and st_["decode_reservations"] == 1
     assert st_["free_pages"] == 0 and st_["retractions"] == 0
@@ -161,7 +161,7 @@ def test_reserved_page_is_in_the_page_table_and_freed_with_the_request():
     s.submit(1, [5, 6, 7, 8], 20, ignore_eos=True)   # a full page: position 4 opens page 2
     p = s.next_plan()
     assert len(s.request_pages(1)) == 1              # a prefill reserves nothing
-    assert p.next_slot_mapping.tolist() == [-1]
+    assert p.next_slot_mapping.tolist() == [-2]
     s.advance(p, np.array([9], np.int32))
     for _ in range(3):                               # positions 4..6: inside page 2
         p = s.next_plan()
