@@ -50,17 +50,26 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted(set(sizes + [max_bs]))
 
 
-_HEADER_BYTES = 8 + 3 * 4  # per row, before the page table: int64 slot, int32 id / pos / len
+# per row, before the page table: int64 slot / page-table patch index, int32 id / pos / len /
+# patch page
+_HEADER_BYTES = 2 * 8 + 4 * 4
 
 
 def _inputs(buf: torch.Tensor, max_bs: int, width: int):
     """(slot_mapping int64, input_ids, positions, seq_lens, page_table int32) views of the packed
-    byte buffer: the int64 slots first (8-byte aligned), the page table last (it starts at
+    byte buffer: the int64 fields first (8-byte aligned), the page table last (it starts at
     _HEADER_BYTES * max_bs)."""
-    slot = buf[:8 * max_bs].view(torch.int64)
-    i32 = buf[8 * max_bs:].view(torch.int32)
+    i64 = buf[:16 * max_bs].view(torch.int64)
+    i32 = buf[16 * max_bs:].view(torch.int32)
     ids, pos, lens = (i32[k * max_bs:(k + 1) * max_bs] for k in range(3))
-    return slot, ids, pos, lens, i32[3 * max_bs:].view(max_bs, width)
+    return i64[:max_bs], ids, pos, lens, i32[4 * max_bs:].view(max_bs, width)
+
+
+def _table_patch(buf: torch.Tensor, max_bs: int):
+    """(flat page-table index int64, page id int32) [max_bs] views of the header: the entries a
+    lookahead step writes into the device's page table (CudaGraphs.run_next)."""
+    return (buf[8 * max_bs:16 * max_bs].view(torch.int64),
+            buf[16 * max_bs:32 * max_bs].view(torch.int32)[3 * max_bs:])
 
 
 _PARAM_BYTES = 2 * 8 + 4 * 4  # per row: int64 seed / step, fp32 temperature / top_p / min_p, int32 top_k
@@ -103,6 +112,9 @@ class CudaGraphs:
         (self.slot_mapping, self.input_ids, self.positions, self.seq_lens,
          self.page_table) = _inputs(self._dev, max_bs, width)
         self._h = [t.numpy() for t in _inputs(self._host, max_bs, width)]
+        self._patch_h = [t.numpy() for t in _table_patch(self._host, max_bs)]
+        self._patch = _table_patch(self._dev, max_bs)
+        self._table_flat = self.page_table.view(-1)
         self._h[0][:] = -1  # padding rows: no K/V store
         self._upload(self._dev, self._host)
         self._uploaded = torch.cuda.Event() if pinned else None
@@ -199,20 +211,36 @@ class CudaGraphs:
         return logits[:rows], greedy[:rows]
 
     def run_next(self, rows: int, slot: np.ndarray, pos: np.ndarray, lens: np.ndarray):
-        """Replay the last `run`'s graph (same `rows`) for the step after it, launched before
-        that step's ids reached the host: every row one token further inside its current
-        page (so the page table on the device stays as it is), the input ids its greedy ids
-        of the last replay, copied on the device. slot / pos / lens: int64 / int32 [rows] of
-        the new tokens. Returns (logits, greedy ids) like `run`."""
+        """Replay the last replayed graph (same `rows`, the same requests in the same rows) for
+        the step after it, launched before that step's ids reached the host: the input ids are
+        its greedy ids of the last replay, copied on the device. slot / pos / lens: int64 /
+        int32 [rows] of the new tokens (slot -1 and lens 0: a row left out, as padding is).
+        A row's slot must lie in a page the scheduler had given it by the plan of the last
+        replay (Plan.next_slot_mapping). Returns (logits, greedy ids) like `run`."""
         bs = int(self._size_of[rows])
         if self._uploaded is not None:
             self._uploaded.synchronize()
         h_slot, _, h_pos, h_lens, _ = self._h
         h_slot[:rows], h_pos[:rows], h_lens[:rows] = slot, pos, lens
+        # A row whose new token opens a page: its page is in the table `run` uploaded when the
+        # scheduler reserved it in that plan, but not when that plan was itself a lookahead
+        # (adopted, never uploaded): the device's table is then an older plan's. Its entry is
+        # written on the device from the header (a few rows a step; the same value when the
+        # table has it already).
+        ps = self.runner.page_size
+        opens = np.flatnonzero((slot >= 0) & (pos % ps == 0))
+        k = len(opens)
+        if k:
+            h_index, h_page = self._patch_h
+            h_index[:k] = opens * self.page_table.shape[1] + pos[opens] // ps
+            h_page[:k] = slot[opens] // ps
         # the header only (the ids in it are stale: the device copy below replaces them)
         self._upload(self._dev[:self._header], self._host[:self._header])
         if self._uploaded is not None:
             self._uploaded.record()
+        if k:
+            index, page = self._patch
+            self._table_flat.scatter_(0, index[:k], page[:k])
         graph, (logits, greedy), _ = self.graphs[bs]
         self.input_ids[:rows].copy_(greedy[:rows])
         if self.timeline is not None:

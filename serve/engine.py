@@ -116,7 +116,7 @@ class Engine:
         self._inflight = None          # (plan, PendingStep) launched and not yet collected
         # lookahead: with overlap, a greedy decode-graph step's successor is launched before
         # its ids are back (runner.launch_lookahead) and adopted when the scheduler plans it
-        self.overlap_lookahead = bool(args.overlap_lookahead)
+        self.overlap_lookahead = args.overlap_lookahead
         self._ahead = None
         self.num_lookahead_steps = self.num_lookahead_dropped = 0
         self._num_special = 0          # live requests that are not plain greedy
@@ -136,6 +136,19 @@ class Engine:
                  self.runner.num_pages - 1, args.page_size, self.kv_capacity,
                  str(pool.dtype).removeprefix("torch."), torch.get_num_threads(),
                  self._backends_summary())
+
+    @property
+    def overlap_lookahead(self) -> bool:
+        """Lookahead launches (see step()); a benchmark may switch it between steps."""
+        return self._lookahead
+
+    @overlap_lookahead.setter
+    def overlap_lookahead(self, on: bool) -> None:
+        self._lookahead = bool(on)
+        # the scheduler then hands a decode row the page of its next position one step early
+        # (when one is free or evictable), so that a step whose rows open pages can still be
+        # looked ahead (Plan.next_slot_mapping)
+        self.scheduler.decode_reserve_tokens = int(self._lookahead)
 
     def _backends_summary(self) -> str:
         """The backend the runner's kernel policy picks for its main ops on this device
@@ -263,7 +276,8 @@ class Engine:
         does the caller, e.g. the server sending them): outputs arrive one call later, with the
         same tokens in the same order as without it. With `overlap_lookahead` too, a greedy
         decode-graph step's successor is launched right behind it, before its ids are back
-        (every row one token on inside its current page, ids copied on the device); the next
+        (every row one token on, into the KV slot the scheduler already holds for it, a page
+        reserved one step early where the token opens one; ids copied on the device); the next
         call adopts it when the scheduler's plan has the same rows, or a subset of them
         (finished / aborted requests gone), and drops it otherwise."""
         done = []
@@ -276,8 +290,8 @@ class Engine:
             if not self.overlap_schedule:
                 done.append(self._collect(self._inflight))
                 self._inflight = None
-            elif graph_step and self.overlap_lookahead and not self._num_special \
-                    and not self.scheduler.stats()["waiting"]:
+            elif graph_step and self._lookahead and not self._num_special \
+                    and not self.scheduler.num_waiting:
                 # the step after the one just launched, before its ids are back (a request
                 # waiting to be admitted would change that plan: not then)
                 self._ahead = self.runner.launch_lookahead(self._inflight[0])

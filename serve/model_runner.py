@@ -114,7 +114,7 @@ class Lookahead:
 
     request_ids: np.ndarray   # int64 [R]
     positions: np.ndarray     # int32 [R]
-    slots: np.ndarray         # int64 [R]
+    slots: np.ndarray         # int64 [R]; -1: a row left out (it ended by length)
     pending: PendingStep
 
     def matches(self, plan):
@@ -263,18 +263,24 @@ class ModelRunner:
 
     def launch_lookahead(self, plan) -> Lookahead | None:
         """Launch the decode step after `plan` (a greedy decode-graph step just launched, ids
-        not yet back) on the assumption that every row goes on one token inside its current
-        page; None when a row would need a new page or leave the graphs' context. What the
-        scheduler plans next is checked against it (`Lookahead.matches`) before its ids are
-        used; otherwise they are dropped (its K/V writes are the ones the real step makes)."""
+        not yet back): every row one token on, its K/V into the slot the scheduler already
+        holds for it (`plan.next_slot_mapping`, a page reserved one step early when the token
+        opens one: SchedulerConfig.decode_reserve_tokens); a row that ends by length with
+        `plan`'s token is left out (a padding row). None when a row goes on without a held
+        next slot (its page could not be reserved), no row goes on, or a row would leave the
+        graphs' context. What the scheduler plans next is checked against it
+        (`Lookahead.matches`) before its ids are used; otherwise they are dropped (its K/V
+        writes are the ones the real step makes, into the same slots)."""
+        nxt = np.asarray(plan.next_slot_mapping)
         lens = np.asarray(plan.seq_lens)
-        if not self.last_launch_graphed or (lens % self.page_size == 0).any() \
+        go_on = nxt >= 0
+        if not self.last_launch_graphed or (nxt == -2).any() or not go_on.any() \
                 or int(lens.max()) >= self.max_model_len:
             return None
         rows = len(lens)
-        pos = np.asarray(plan.positions) + 1
-        slot = np.asarray(plan.slot_mapping) + 1
-        got = self.graphs.run_next(rows, slot, pos, lens + 1)   # (last_launch_graphed stays)
+        pos = np.where(go_on, lens, 0).astype(np.int32)   # a decode row's next position
+        slot = nxt.copy()
+        got = self.graphs.run_next(rows, slot, pos, np.where(go_on, lens + 1, 0).astype(np.int32))
         pending = self._pending(got[1], rows, self._rows[:rows], graph_step=True)
         return Lookahead(np.array(plan.request_ids), pos, slot, pending)
 

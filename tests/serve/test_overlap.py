@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import serve.cuda_graph as cg
+import serve.model_runner as mr
 from serve.engine import Engine, SamplingParams
 
 KW = dict(device="cpu", dtype="float32", max_num_seqs=8, max_model_len=512, num_kv_pages=256,
@@ -145,6 +146,73 @@ def test_lookahead_launch_streams_equal(monkeypatch, engines):
     _same(_drive(plain, prompts, params, add_at), _drive(eng, prompts, params, add_at))
     assert eng.num_lookahead_steps > 10 and eng.num_lookahead_dropped >= 1, (
         eng.num_lookahead_steps, eng.num_lookahead_dropped)
+    assert eng.stats()["kv_pages_used"] == 0
+
+
+def _lookahead_census(monkeypatch, page_size: int) -> dict:
+    """Counts the lookaheads checked against a plan whose rows' new tokens open a KV page
+    (crossing: the page was reserved one step early), and how many of them were adopted."""
+    seen = {"crossing": 0, "crossing_adopted": 0, "checked": 0}
+    matches = mr.Lookahead.matches
+
+    def counted(self, plan):
+        got = matches(self, plan)
+        seen["checked"] += 1
+        if ((self.positions % page_size == 0) & (self.slots >= 0)).any():
+            seen["crossing"] += 1
+            seen["crossing_adopted"] += got is not None
+        return got
+
+    monkeypatch.setattr(mr.Lookahead, "matches", counted)
+    return seen
+
+
+def test_lookahead_across_page_boundaries_streams_equal(monkeypatch):
+    """Pages of 4 tokens and 8 staggered rows: some row opens a page on most steps. With the
+    scheduler reserving each row's next page one step early the lookaheads go on across page
+    boundaries (including chains of adopted lookaheads, whose page-table entries are written
+    on the device), through rows ending by length and an abort; the token streams equal
+    the plain loop's."""
+    kw = dict(KW, page_size=4)
+    plain = Engine("dummy:tiny-llama", **kw, overlap_schedule=False)
+    eng = Engine("dummy:tiny-llama", **kw, overlap_schedule=True, overlap_lookahead=True)
+    assert eng.scheduler.decode_reserve_tokens == 1 and plain.scheduler.decode_reserve_tokens == 0
+    _fake_graphs(monkeypatch, eng)
+    seen = _lookahead_census(monkeypatch, 4)
+    prompts = _prompts(9, 8, 3, 30)
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
+              for m in (40, 23, 37, 9, 31, 40, 18, 26)]
+    add_at = [0, 0, 1, 2, 3, 12, 13, 30]
+    a = _drive(plain, prompts, params, add_at, abort=(5, 25))
+    b = _drive(eng, prompts, params, add_at, abort=(5, 25))
+    assert a[5][2] == b[5][2] == "abort"   # (one step later in the overlap loop)
+    n = min(len(a[5][0]), len(b[5][0]))
+    assert n > 5 and a[5][0][:n] == b[5][0][:n]
+    _same(a[:5] + a[6:], b[:5] + b[6:])
+    st = eng.scheduler.stats()
+    assert st["decode_reservations"] > 20 and st["reservation_misses"] == 0, st
+    assert seen["crossing_adopted"] >= 15, seen
+    assert eng.num_lookahead_steps >= 35, (eng.num_lookahead_steps, seen)
+    assert eng.stats()["kv_pages_used"] == 0
+
+
+def test_lookahead_under_page_pressure_streams_equal(monkeypatch):
+    """A pool too small for every row: reservations miss (the lookahead then waits for the
+    real plan), rows are retracted and recompute; same streams as the plain loop with the
+    same pool (no prefix cache: both loops then plan the same batches)."""
+    kw = dict(KW, page_size=4, num_kv_pages=36, max_model_len=128, enable_prefix_caching=False)
+    plain = Engine("dummy:tiny-llama", **kw, overlap_schedule=False)
+    eng = Engine("dummy:tiny-llama", **kw, overlap_schedule=True, overlap_lookahead=True)
+    _fake_graphs(monkeypatch, eng)
+    prompts = _prompts(10, 6, 10, 30)
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
+              for m in (30, 22, 35, 12, 28, 30)]
+    add_at = [0, 0, 1, 2, 4, 6]
+    _same(_drive(plain, prompts, params, add_at), _drive(eng, prompts, params, add_at))
+    st, st_plain = eng.scheduler.stats(), plain.scheduler.stats()
+    assert st["reservation_misses"] > 0 and st["retractions"] > 0, st
+    assert st["retractions"] == st_plain["retractions"], (st, st_plain)
+    assert eng.num_lookahead_steps > 0
     assert eng.stats()["kv_pages_used"] == 0
 
 
