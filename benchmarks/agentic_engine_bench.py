@@ -7,7 +7,8 @@
 2. B = `--gap-batch` short requests decoding: the step timeline's GPU gap between decode-graph
    replays and the host preparation time, with overlap scheduling on and off, and on with
    seeded sampling inside the graphs, and with lookahead launches (the next decode step
-   launched before the current one's ids are back).
+   launched before the current one's ids are back; the scheduler reserves each row's next KV
+   page one step early): lookahead steps adopted / dropped and reservations are recorded.
 
     python benchmarks/agentic_engine_bench.py --model dummy:benchmarks/configs/llama-3-8b-64k.json \\
         --json out.json
@@ -93,8 +94,9 @@ def conc1(eng: Engine, args, rng) -> dict:
 
 def gap(eng: Engine, args, rng, overlap: bool, sampled: bool, lookahead: bool = False) -> dict:
     vocab = int(eng.hf_config.vocab_size)
+    # (lookahead on also makes the scheduler reserve each decode row's next page one step
+    # early, so steps whose rows open a KV page can be looked ahead too)
     eng.overlap_schedule, eng.overlap_lookahead = overlap, lookahead
-    n0 = eng.num_lookahead_steps
     sp = (dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.01) if sampled
           else dict(temperature=0.0))
     B = args.gap_batch
@@ -107,19 +109,26 @@ def gap(eng: Engine, args, rng, overlap: bool, sampled: bool, lookahead: bool = 
     for _ in range(30):          # prefills, then every request decoding
         eng.step()
     eng.runner.timeline.reset()
+    n0, d0 = eng.num_lookahead_steps, eng.num_lookahead_dropped
+    s0 = eng.scheduler.stats()
     t0 = time.perf_counter()
     n = 0
     for _ in range(args.gap_steps):
         n += len(eng.step())
     wall = time.perf_counter() - t0
     summary = eng.step_timeline()
+    s1 = eng.scheduler.stats()
+    ahead = {"lookahead_steps": eng.num_lookahead_steps - n0,
+             "lookahead_dropped": eng.num_lookahead_dropped - d0,
+             "decode_reservations": s1["decode_reservations"] - s0["decode_reservations"],
+             "reservation_misses": s1["reservation_misses"] - s0["reservation_misses"]}
     for i in range(B):
         eng.abort(f"g{i}")
     while eng.has_unfinished():
         eng.step()
     by = summary["by_batch"].get(B, {})
     return {"overlap": overlap, "lookahead": lookahead, "sampled": sampled, "batch": B,
-            "lookahead_steps": eng.num_lookahead_steps - n0, "steps": args.gap_steps,
+            **ahead, "steps": args.gap_steps,
             "step_ms": wall / args.gap_steps * 1e3, "tokens": n,
             "gpu_gap_us": by.get("gpu_gap_us"), "host_prep_us": by.get("host_prep_us")}
 
@@ -136,6 +145,10 @@ def main() -> int:
     p.add_argument("--gap-prompt", type=int, default=128)
     p.add_argument("--gap-steps", type=int, default=150)
     p.add_argument("--skip-conc1", action="store_true")
+    p.add_argument("--gap-modes", default="overlap,plain,lookahead,sampled",
+                   help="comma-separated gap runs, in order: overlap (greedy, overlap on), plain "
+                        "(overlap off), lookahead (overlap + lookahead), sampled (overlap, "
+                        "seeded sampling in the graphs)")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test of this script)")
     p.add_argument("--json", required=True)
     args = p.parse_args()
@@ -164,15 +177,21 @@ def main() -> int:
               f"hit {c['prefix_hit_of_reusable']:.3f}, ITL B=1 {c['itl_b1_p50_ms']:.2f} ms = "
               f"{c['itl_over_sol']:.2f}x SoL ({c['sol_ms_weights_plus_kv']:.2f} ms)", flush=True)
     res["gap"] = []
-    for overlap, sampled, ahead in ((True, False, False), (False, False, False),
-                                    (True, False, True), (True, True, False)):
+    modes = {"overlap": (True, False, False), "plain": (False, False, False),
+             "lookahead": (True, False, True), "sampled": (True, True, False)}
+    for mode in args.gap_modes.split(","):
+        if mode not in modes:
+            p.error(f"--gap-modes: unknown mode {mode!r} (expected some of {', '.join(modes)})")
+    for overlap, sampled, ahead in (modes[m] for m in args.gap_modes.split(",")):
         res["gap"].append(gap(eng, args, rng, overlap, sampled, ahead))
         save()
         g = res["gap"][-1]
         gg, hp = g["gpu_gap_us"] or {}, g["host_prep_us"] or {}
         print(f"B={g['batch']} overlap={overlap} lookahead={ahead} sampled={sampled}: step {g['step_ms']:.3f} ms, "
               f"GPU gap p50 {gg.get('p50', float('nan')):.1f} us p99 {gg.get('p99', float('nan')):.1f}, "
-              f"host prep p50 {hp.get('p50', float('nan')):.1f} us", flush=True)
+              f"host prep p50 {hp.get('p50', float('nan')):.1f} us, lookahead "
+              f"{g['lookahead_steps']}/{g['steps']} steps ({g['lookahead_dropped']} dropped)",
+              flush=True)
     return 0
 
 

@@ -48,7 +48,9 @@ class EngineArgs:
     # (on the CPU a step computes while it is launched: nothing to overlap)
     overlap_schedule: bool | None = None
     # with overlap: launch a greedy decode step's successor before its ids are back (the
-    # scheduler's next plan is checked against it; serve.model_runner.Lookahead)
+    # scheduler's next plan is checked against it; serve.model_runner.Lookahead). It also sets
+    # the scheduler's decode_reserve_tokens to 1: each decode row's next KV page is taken one
+    # step early when one is free or evictable, so a row opening a page does not block it
     overlap_lookahead: bool = False
     cpu_kv_cache_gb: float = 1.0  # default pool size on CPU when num_kv_pages is not given
     threads: int | None = None  # torch.set_num_threads for the engine; None: torch's default

@@ -2,7 +2,9 @@
 
 CPU tier: the engine's overlap loop (collect step N, launch N+1, then build N's outputs) gives
 the same token streams, logprobs and finish reasons as the plain loop, for greedy and seeded
-sampling, staggered arrivals and an abort while a step is in flight; the decode graphs' sampler
+sampling, staggered arrivals and an abort while a step is in flight; so do lookahead launches
+(across KV-page boundaries: the scheduler reserves next pages one step early; under page
+pressure); the decode graphs' sampler
 (a stand-in graph that re-runs the captured step, as in test_cuda_graph_logic) draws the tokens
 the eager sampler draws; a later turn's prefill (cached prefix + new tokens) is chunked next to
 running decodes: every step keeps every decode and stays within the token budget.
@@ -135,7 +137,8 @@ def test_graph_sampler_matches_eager_sampler(monkeypatch, engines):
 def test_lookahead_launch_streams_equal(monkeypatch, engines):
     """Lookahead (a decode step launched before the scheduler planned it, checked against the
     plan): same greedy streams as the plain loop, through exact matches, rows that finished
-    (subset), page boundaries (no lookahead) and an arrival (a dropped lookahead)."""
+    (subset), page boundaries (next pages reserved one step early) and an arrival (a dropped
+    lookahead)."""
     plain, _ = engines
     eng = Engine("dummy:tiny-llama", **KW, overlap_schedule=True, overlap_lookahead=True)
     _fake_graphs(monkeypatch, eng)
@@ -292,9 +295,10 @@ def test_gpu_overlap_and_graph_sampling_equal():
     # graph than the plain loop, whose bf16 GEMMs may round differently; the CPU test covers it)
     same = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)] * 12
     _same(_drive(plain, prompts, same), _drive(ahead, prompts, same))
-    # a row about to open a page blocks the lookahead for that step: with 12 rows at different
-    # page offsets, 17 of the 40 decode steps ran ahead on the H200
+    # a row opening a page no longer blocks the lookahead (its page is reserved a step early;
+    # before that, 17 of the 40 decode steps ran ahead on the H200)
     assert ahead.num_lookahead_steps >= 10, ahead.num_lookahead_steps
+    assert ahead.scheduler.stats()["decode_reservations"] > 0
     # seeded sampling inside the decode graphs, and the same draws by the eager sampler on
     # the graphs' logits (logprobs=0 takes that path); a graph-free engine is not compared
     # exactly: its bf16 logits differ in the last bits, and so can a draw
