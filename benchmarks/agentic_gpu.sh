@@ -6,7 +6,8 @@
 #   STAGE=engine: GPU tests of overlap / graph sampling (tests/serve/test_overlap.py) and the
 #     in-process figures (benchmarks/agentic_engine_bench.py): conc-1 later-turn TTFT on a 50k
 #     context, prefix hit, uncached ratio, B=1 ITL vs SoL, host gap at B=64 overlap on / off
-#   STAGE=gap: the B=64 host gap alone, then the GPU tests; STAGE=all: gap, then http
+#   STAGE=gap: the B=64 host gap alone (overlap with lookahead on / off, no overlap, sampled;
+#     GAP_MODES picks), then the GPU tests; STAGE=all: gap, then http
 #   STAGE=http: `python -m serve.bench agentic` sweeps over the OpenAI API for the dummy
 #     Llama-3-8B (+ a prefix-cache-off run at conc 1) and the Qwen3-30B-A3B-shaped MoE; Pareto PNGs
 # Env: CONC (sweep, "1,4,8"), TURNS (3), OUTPUT (64), LLAMA / MOE (model specs); for a CPU dry
@@ -38,8 +39,10 @@ if [ "$STAGE" = engine ]; then
   tests
 fi
 if [ "$STAGE" = gap ] || [ "$STAGE" = all ]; then   # the B=64 host gap alone, then the tests
+  # lookahead right after plain overlap: the on / off pair first, should the time limit hit
   timeout "${ENGINE_S:-60}" python benchmarks/agentic_engine_bench.py --model "$LLAMA" --skip-conc1 \
-      --gap-steps 100 --json "$OUT/agentic_engine_gap_llama8b.json" 2>&1 | grep -v -i warn | tail -4
+      --gap-steps 100 --gap-modes "${GAP_MODES:-overlap,lookahead,plain,sampled}" \
+      --json "$OUT/agentic_engine_gap_llama8b.json" 2>&1 | grep -v -i warn | tail -4
   tests   # (its Triton JIT on a cold cache took > 35 s: TEST_S 60)
 fi
 
