@@ -209,7 +209,7 @@ void Scheduler::reserve_next_pages(Builder& b) {
   for (const Scheduled& s : b.batch) {
     Request& r = slab_[s.slot];
     auto* d = std::get_if<Decoding>(&r.state);
-    if (d == nullptr) continue;  // decodes lead the batch, but retraction may have reordered
+    if (d == nullptr) continue;  // a prefill chunk: its first decode step reserves
     const int32_t seq = d->cached_len + 1;
     const int32_t want = pages_for(int64_t(seq) + cfg_.decode_reserve_tokens, ps);
     if (want <= d->pages.size() || !continues_after(r, seq)) continue;
