@@ -48,8 +48,10 @@ def test_greedy_large_vocab_every_chunk_size(kernel_device):
         want = torch.argmax(x.cpu(), dim=-1)
         assert torch.equal(tg.argmax(x).cpu(), want)
         assert torch.equal(tg.argmax(x, variant="two_stage").cpu(), want)
-        for chunk in (1024, 2048, 8192):  # the ticket variant's sweep sizes
+        for chunk in (1024, 2048, 8192):  # the one-launch variants' sweep sizes
             assert torch.equal(tg.argmax(x, variant="ticket", chunk=chunk).cpu(), want), chunk
+            got = tg.argmax(x, variant="loop_ticket", chunk=chunk, block=1024).cpu()
+            assert torch.equal(got, want), chunk
 
 
 def test_greedy_variants_on_ties_inf_nan(kernel_device):
@@ -67,22 +69,23 @@ def test_greedy_variants_on_ties_inf_nan(kernel_device):
     x = x.to(kernel_device)
     want = torch.argmax(x.cpu(), dim=-1)
     for variant, chunk in (("two_stage", None), ("ticket", None), ("ticket", 1024),
-                           ("ticket", 4096)):
+                           ("ticket", 4096), ("loop_ticket", None), ("loop_ticket", 2048)):
         for _ in range(2):
             got = tg.argmax(x, variant=variant, chunk=chunk).cpu()
             assert torch.equal(got, want), (variant, chunk, got, want)
 
 
 @pytest.mark.gpu
-def test_greedy_ticket_replays_in_cuda_graph():
-    """The one-launch argmax re-arms its counters: graph replays (new logits copied in) keep
-    matching torch.argmax."""
+@pytest.mark.parametrize("variant", ["ticket", "loop_ticket"])
+def test_greedy_ticket_replays_in_cuda_graph(variant):
+    """The one-launch argmax variants re-arm their counters: graph replays (new logits copied
+    in) keep matching torch.argmax."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(64, 151936, device="cuda", generator=gen)
-    tg.argmax(x, variant="ticket")  # eager first: allocates the counters
+    tg.argmax(x, variant=variant)  # eager first: allocates the counters
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = tg.argmax(x, variant="ticket")
+        out = tg.argmax(x, variant=variant)
     for _ in range(3):
         x.copy_(torch.randn(64, 151936, device="cuda", generator=gen))
         graph.replay()

@@ -105,6 +105,47 @@ def _argmax_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, stride
         tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
 
 
+@triton.jit
+def _argmax_loop_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, stride, S,
+                        CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One launch: _argmax_chunk's loop of BLOCK-wide loads (few registers, many programs
+    resident), then the ticket epilogue of _argmax_ticket (the row's last program reduces)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    lanes = tl.arange(0, BLOCK)
+    base = x_ptr + row.to(tl.int64) * stride
+    best_v = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_i = tl.full([BLOCK], 2147483647, tl.int32)
+    nan_i = tl.full([BLOCK], 2147483647, tl.int32)
+    for off in range(0, CHUNK, BLOCK):
+        cols = c * CHUNK + off + lanes
+        valid = cols < V
+        x = tl.load(base + cols, mask=valid, other=float("-inf")).to(tl.float32)
+        take = valid & (x == x) & ((x > best_v) | (best_i == 2147483647))
+        best_v = tl.where(take, x, best_v)
+        best_i = tl.where(take, cols, best_i)
+        nan_i = tl.minimum(nan_i, tl.where((x != x) & valid, cols, 2147483647))
+    m = tl.max(best_v, axis=0)
+    out = row * S + c
+    tl.store(val_ptr + out, m)
+    tl.store(idx_ptr + out, tl.min(tl.where((best_v == m) & (best_i < 2147483647), best_i,
+                                            2147483647), axis=0))
+    tl.store(nan_ptr + out, tl.min(nan_i, axis=0))
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if done == S - 1:
+        tl.store(cnt_ptr + row, 0)
+        s = tl.arange(0, BLOCK_S)
+        ok = s < S
+        v = tl.load(val_ptr + row * S + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        i = tl.load(idx_ptr + row * S + s, mask=ok, other=2147483647, cache_modifier=".cg")
+        n = tl.min(tl.load(nan_ptr + row * S + s, mask=ok, other=2147483647,
+                           cache_modifier=".cg"), axis=0)
+        bv = tl.max(v, axis=0)
+        best = tl.min(tl.where((v == bv) & (i < 2147483647), i, 2147483647), axis=0)
+        tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
+
+
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -138,17 +179,18 @@ def _chunk(batch: int, vocab: int) -> int:
     return chunk
 
 
-VARIANTS = ("ticket", "two_stage")
+VARIANTS = ("ticket", "two_stage", "loop_ticket")
 VARIANT = "two_stage"
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
-           variant: str | None = None, chunk: int | None = None,
+           variant: str | None = None, chunk: int | None = None, block: int | None = None,
            num_warps: int = 8) -> torch.Tensor:
     """Row argmax of logits [B, V] (last dim contiguous) -> int64 [B]; no host sync.
-    variant: "ticket" (one launch, last program of a row reduces) or "two_stage" (partials,
-    then a reduction launch); chunk overrides the ticket variant's chunk (a power of two,
-    for sweeps; num_warps likewise)."""
+    variant: "ticket" (one launch, last program of a row reduces), "two_stage" (partials,
+    then a reduction launch) or "loop_ticket" (two_stage's load loop with the ticket
+    epilogue: one launch); chunk / block / num_warps override the one-launch variants'
+    launch (powers of two, for sweeps)."""
     batch, vocab = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device) if out is None else out
     if batch == 0:
@@ -167,6 +209,19 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
                                           out, vocab, logits.stride(0), n_chunks, CHUNK=chunk,
                                           BLOCK_S=max(16, triton.next_power_of_2(n_chunks)),
                                           num_warps=num_warps)
+        return out
+    if variant == "loop_ticket":
+        chunk = chunk or _chunk(batch, vocab)
+        block = min(block or _BLOCK, chunk)
+        n_chunks = triton.cdiv(vocab, chunk)
+        dev = logits.device
+        val = torch.empty(batch, n_chunks, dtype=torch.float32, device=dev)
+        idx = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
+        nan = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
+        _argmax_loop_ticket[(batch, n_chunks)](
+            logits, val, idx, nan, _ticket_counters(dev, batch), out, vocab, logits.stride(0),
+            n_chunks, CHUNK=chunk, BLOCK=block,
+            BLOCK_S=max(16, triton.next_power_of_2(n_chunks)), num_warps=num_warps)
         return out
     tcfg = _tune.greedy_config(batch, vocab, logits.dtype, logits.device)
     chunk = tcfg["chunk"] or _chunk(batch, vocab)
@@ -196,7 +251,10 @@ def _greedy_cases():
                         dict(CHUNK=4096, BLOCK_S=64), num_warps=8, label="ticket"),
             CompileCase(_argmax_ticket, dict(sig, x_ptr="*bf16", cnt_ptr="*i32",
                                              out_ptr="*i64"),
-                        dict(CHUNK=8192, BLOCK_S=32), num_warps=8, label="ticket_bf16")]
+                        dict(CHUNK=8192, BLOCK_S=32), num_warps=8, label="ticket_bf16"),
+            CompileCase(_argmax_loop_ticket, dict(sig, cnt_ptr="*i32", out_ptr="*i64"),
+                        dict(CHUNK=8192, BLOCK=_BLOCK, BLOCK_S=32), num_warps=8,
+                        label="loop_ticket")]
 
 
 @register("sampling", "greedy", **TRITON, formats=FORMATS, tags=("deterministic",),

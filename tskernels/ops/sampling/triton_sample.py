@@ -58,6 +58,12 @@ def _inv_temperature(t_ptr, row):
 
 
 @triton.jit
+def _top_k(k_ptr, row, V):
+    """A row's top-k (int32 or int64 [B]) clamped to [-1, V], as int32 (no torch op)."""
+    return tl.minimum(tl.maximum(tl.load(k_ptr + row), -1), V).to(tl.int32)
+
+
+@triton.jit
 def _sortable(s):
     """float32 -> int32 with the same order (NaN-free input)."""
     b = s.to(tl.int32, bitcast=True)
@@ -129,7 +135,7 @@ def _plan(part_ptr, cnt_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, plan_ptr, stat_ptr, 
     cnt = tl.load(cnt_ptr + (row * S + c[:, None]) * NB + src, mask=ok, other=0)
     tot = tl.sum(cnt, axis=0)
     cum = tl.where(b == NB - 1, V, tl.cumsum(tot, axis=0))
-    k = tl.load(k_ptr + row)
+    k = _top_k(k_ptr, row, V)
     top_p = tl.load(p_ptr + row)
     min_p = tl.load(minp_ptr + row)
     greedy = tl.load(t_ptr + row) < 1e-5
@@ -245,7 +251,7 @@ def _finish(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, 
     M = tl.load(stat_ptr + row * 4)
     greedy = tl.load(t_ptr + row) < 1e-5
     inv_t = _inv_temperature(t_ptr, row)
-    k = tl.load(k_ptr + row)
+    k = _top_k(k_ptr, row, V)
     top_p = tl.load(p_ptr + row)
     min_p = tl.load(minp_ptr + row)
     k_on = (k > 0) & (k < V)
@@ -283,24 +289,32 @@ def _finish(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, 
 
 
 @triton.jit
+def _race_item(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, thr_ptr, rv_ptr, ri_ptr,
+               V, stride, S, row, c, CHUNK: tl.constexpr):
+    """The split-V race over chunk c of a row that takes the exact-threshold path."""
+    greedy = tl.load(t_ptr + row) < 1e-5
+    M = tl.load(stat_ptr + row * 4)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    valid = cols < V
+    _, s = _scaled(x_ptr, row, cols, valid, stride, _inv_temperature(t_ptr, row))
+    keep = valid & (_sortable(s) >= tl.load(thr_ptr + row)) \
+        & (tl.exp(s - M) >= tl.load(minp_ptr + row))
+    g = _gumbel(tl.load(seed_ptr + row), tl.load(step_ptr + row), cols)
+    score = tl.where(keep, tl.where(greedy, 0.0, s + g), float("-inf"))
+    best = tl.max(score, axis=0)
+    tl.store(rv_ptr + row * S + c, best)
+    tl.store(ri_ptr + row * S + c,
+             tl.min(tl.where(keep & (score == best), cols, 2147483647), axis=0))
+
+
+@triton.jit
 def _race_chunk(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr, thr_ptr,
                 rv_ptr, ri_ptr, V, stride, S, CHUNK: tl.constexpr, CMAX: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     if tl.load(plan_ptr + row * 2 + 1) > CMAX:
-        greedy = tl.load(t_ptr + row) < 1e-5
-        M = tl.load(stat_ptr + row * 4)
-        cols = c * CHUNK + tl.arange(0, CHUNK)
-        valid = cols < V
-        _, s = _scaled(x_ptr, row, cols, valid, stride, _inv_temperature(t_ptr, row))
-        keep = valid & (_sortable(s) >= tl.load(thr_ptr + row)) \
-            & (tl.exp(s - M) >= tl.load(minp_ptr + row))
-        g = _gumbel(tl.load(seed_ptr + row), tl.load(step_ptr + row), cols)
-        score = tl.where(keep, tl.where(greedy, 0.0, s + g), float("-inf"))
-        best = tl.max(score, axis=0)
-        tl.store(rv_ptr + row * S + c, best)
-        tl.store(ri_ptr + row * S + c,
-                 tl.min(tl.where(keep & (score == best), cols, 2147483647), axis=0))
+        _race_item(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, thr_ptr, rv_ptr,
+                   ri_ptr, V, stride, S, row, c, CHUNK)
 
 
 @triton.jit
@@ -360,7 +374,6 @@ def run_histogram(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, see
     if batch == 0:
         return SampleOutput(tok, lp, None)
     steps = torch.zeros(batch, dtype=torch.int64, device=dev) if steps is None else steps
-    top_k = top_k.clamp(min=-1, max=vocab).to(torch.int32)
     chunk = chunk_size(vocab)
     S = triton.cdiv(vocab, chunk)
     if batch * S * bins[0] >= 2**31 or batch * cmax >= 2**31:
