@@ -180,8 +180,24 @@ def sample() -> dict:
         del sets
         if left() < 8:
             break
-    return {"rows": rows, "note": "V=151936 fp32 logits randn*3, T=0.8, top-k 50, top-p 0.9, "
-                                  "min-p 0.05 as [B] tensors with seeds"}
+    mixes = {"topk50": {"p": 1.0, "minp": 0.0}, "minp0.1": {"k": 0, "p": 1.0, "minp": 0.1},
+             "topk1000_topp0.95": {"k": 1000, "p": 0.95, "minp": 0.0},
+             "temperature_only": {"k": 0, "p": 1.0, "minp": 0.0},
+             "greedy_rows": {"T": 0.0}, "topp0.9_alone": {"k": 0, "p": 0.9, "minp": 0.0}}
+    mix_rows = {}
+    RES["sample"]["mixes_B64"] = mix_rows
+    for name, mix in mixes.items():
+        if left() < 10:
+            break
+        gen = torch.Generator(device=DEV).manual_seed(0)
+        b = 64 if DEV == "cuda" else 2
+        sets = [cases._make({"B": b, "V": cases.V, **mix}, DEV, gen) for _ in range(3)]
+        mix_rows[name] = med(pipe("groupmax"), sets)
+        print(name, mix_rows[name], flush=True)
+        save()
+    return {"rows": rows, "mixes_B64": mix_rows,
+            "note": "V=151936 fp32 logits randn*3, T=0.8, top-k 50, top-p 0.9, min-p 0.05 as "
+                    "[B] tensors with seeds (mixes: the named parameters changed)"}
 
 
 def main() -> int:
