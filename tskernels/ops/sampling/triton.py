@@ -3,7 +3,11 @@
 Default "two_stage": partials, then a reduction launch. "ticket" (one launch: each (row,
 chunk) program loads its whole chunk at once and the row's last program to arrive reduces the
 partials) measured slower on the H200 (B=64: 17.5-23.4 us over its chunk / warps sweep vs
-14.6; benchmarks/RESULTS.md, issue 23), so it is kept for sweeps only.
+14.6; benchmarks/RESULTS.md, issue 23), so it is kept for sweeps only. "loop_ticket" (the
+two-stage load loop with the ticket epilogue) is 4-6 % faster than two_stage (B=256: 43.97
+vs 46.53 us at chunk 8192 / block 1024 / 8 warps), but both ticket variants share per-device
+arrival counters across calls, so launches on two streams of one device at once would
+corrupt them: they are opt-in, and two_stage (no shared state) stays the default.
 Stage 1 gives each (row, chunk) program CHUNK logits; every lane keeps the first maximum it
 sees (strict >), so one reduction at the end gives the chunk's lowest-index maximum. Stage 2
 reduces a row's chunk partials. NaN wins like in torch.argmax (first NaN index), -0.0 == 0.0,
