@@ -9,6 +9,7 @@
 #   TIER_S: benchmarks/gpu_tier.py over the sampling tests (hypothesis profile ci)
 #   TESTS / PYTEST_N / TAG: override the test list, xdist and the log's name
 #   LLAMA_S: dense Llama-3-8B dummy, B=1 decode through CUDA graphs (serve_gpu_bench.py)
+#   PROBE_S: benchmarks/ttft_profile_probe.py (where the later turn and the 51k decode go)
 #   GAP_S: the B=64 host gap, overlap on / off / lookahead (benchmarks/agentic_engine_bench.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -53,5 +54,10 @@ if [ "${GAP_S:-0}" -gt 0 ]; then
   stamp "host gap B=64"
   timeout "$GAP_S" python benchmarks/agentic_engine_bench.py --model dummy:benchmarks/configs/llama-3-8b-64k.json \
       --skip-conc1 --gap-steps 100 ${GAP_ARGS:-} --json "$OUT/s14_gap_llama8b.json" 2>&1 | grep -v -i warn | tail -8
+fi
+if [ "${PROBE_S:-0}" -gt 0 ]; then
+  stamp "later-turn TTFT / long-context decode profile"
+  timeout "$PROBE_S" python benchmarks/ttft_profile_probe.py --model dummy:benchmarks/configs/llama-3-8b-64k.json \
+      --json "$OUT/s14_ttft_profile.json" 2>&1 | grep -v -i warn | grep -v USDT | cut -c1-900 | tail -8
 fi
 stamp done
