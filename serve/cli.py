@@ -147,14 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "from C++ (default: on)")
     e.add_argument("--overlap-lookahead", action=argparse.BooleanOptionalAction, default=None,
                    help="with overlap: launch a greedy decode step's successor before its "
-                        "sampled ids are back (default: off)")
+                        "sampled ids are back (default: on wherever overlap scheduling is)")
     return p
 
 
 ENGINE_FLAGS = ("max_model_len", "max_num_seqs", "chunked_prefill_size", "page_size", "num_kv_pages",
                 "kv_cache_dtype", "gpu_memory_utilization", "enable_prefix_caching", "dtype",
                 "quantization", "device", "seed", "threads", "overlap_schedule", "cpu_graphs",
-                "capture_shapes", "tune_window_s")
+                "overlap_lookahead", "capture_shapes", "tune_window_s")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -50,8 +50,9 @@ class EngineArgs:
     # with overlap: launch a greedy decode step's successor before its ids are back (the
     # scheduler's next plan is checked against it; serve.model_runner.Lookahead). It also sets
     # the scheduler's decode_reserve_tokens to 1: each decode row's next KV page is taken one
-    # step early when one is free or evictable, so a row opening a page does not block it
-    overlap_lookahead: bool = False
+    # step early when one is free or evictable, so a row opening a page does not block it.
+    # None: on wherever overlap scheduling is (a GPU)
+    overlap_lookahead: bool | None = None
     cpu_kv_cache_gb: float = 1.0  # default pool size on CPU when num_kv_pages is not given
     threads: int | None = None  # torch.set_num_threads for the engine; None: torch's default
     # autotune (docs/AUTOTUNE.md): count the (kernel, shape bucket) lookups of the traffic into

@@ -181,6 +181,10 @@ class CudaGraphs:
         if dst.data_ptr() != src.data_ptr():   # (the same buffer on the CPU: SHARE_HOST)
             dst.copy_(src, non_blocking=True)
 
+    def graph_size(self, rows: int) -> int:
+        """The captured size that runs `rows` rows (0: none does)."""
+        return int(self._size_of[rows]) if 0 <= rows < len(self._size_of) else 0
+
     def run(self, plan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(logits [R, V] fp32, greedy token ids [R] int32) of a decode-only plan, on the
         device, or None when no graph fits it."""

@@ -116,7 +116,9 @@ class Engine:
         self._inflight = None          # (plan, PendingStep) launched and not yet collected
         # lookahead: with overlap, a greedy decode-graph step's successor is launched before
         # its ids are back (runner.launch_lookahead) and adopted when the scheduler plans it
-        self.overlap_lookahead = args.overlap_lookahead
+        la = args.overlap_lookahead
+        self.overlap_lookahead = (self.overlap_schedule and self.device.type == "cuda"
+                                  if la is None else bool(la))
         self._ahead = None
         self.num_lookahead_steps = self.num_lookahead_dropped = 0
         self._num_special = 0          # live requests that are not plain greedy

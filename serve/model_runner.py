@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,11 +117,15 @@ class Lookahead:
     positions: np.ndarray     # int32 [R]
     slots: np.ndarray         # int64 [R]; -1: a row left out (it ended by length)
     pending: PendingStep
+    graph_size: Callable[[int], int] | None = None   # rows -> the graph that runs them
 
     def matches(self, plan):
         """The pending result for `plan` when the lookahead computed it: (PendingStep-like,
         exact) -- exact: the same rows; else the plan's rows are a subset (requests that
-        finished or were aborted are gone), read from their lookahead rows -- or None."""
+        finished or were aborted are gone), read from their lookahead rows -- or None. A
+        subset is taken only when the plain loop would replay the same graph for it: every
+        row then computes what it would there (rows of one graph do not mix), so lookahead
+        changes no token; a subset that falls to a smaller graph is dropped."""
         n = len(plan.request_ids)
         if not n or plan.num_decode != n:
             return None
@@ -129,6 +134,9 @@ class Lookahead:
         if n == len(self.request_ids) and np.array_equal(rids, self.request_ids):
             ok = np.array_equal(pos, self.positions) and np.array_equal(slots, self.slots)
             return (self.pending, True) if ok else None
+        if self.graph_size is not None and \
+                self.graph_size(n) != self.graph_size(len(self.request_ids)):
+            return None
         idx = np.flatnonzero(np.isin(self.request_ids, rids))
         if len(idx) != n or not np.array_equal(self.request_ids[idx], rids) \
                 or not np.array_equal(self.positions[idx], pos) \
@@ -282,7 +290,7 @@ class ModelRunner:
         slot = nxt.copy()
         got = self.graphs.run_next(rows, slot, pos, np.where(go_on, lens + 1, 0).astype(np.int32))
         pending = self._pending(got[1], rows, self._rows[:rows], graph_step=True)
-        return Lookahead(np.array(plan.request_ids), pos, slot, pending)
+        return Lookahead(np.array(plan.request_ids), pos, slot, pending, self.graphs.graph_size)
 
     @torch.inference_mode()
     @_under_policy

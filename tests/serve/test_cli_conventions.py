@@ -52,6 +52,12 @@ def test_dtype_aliases_reach_the_engine_as_its_names():
     assert cli.engine_kwargs(_args("--dtype", "float")[0])["dtype"] == "float32"
 
 
+def test_overlap_lookahead_flag_reaches_the_engine():
+    assert cli.engine_kwargs(_args("--overlap-lookahead")[0])["overlap_lookahead"] is True
+    assert cli.engine_kwargs(_args("--no-overlap-lookahead")[0])["overlap_lookahead"] is False
+    assert "overlap_lookahead" not in cli.engine_kwargs(_args()[0])   # the engine's default
+
+
 def test_default_threads_is_half_the_cpus():
     import os
     assert cli.default_threads() == max(1, len(os.sched_getaffinity(0)) // 2)

@@ -12,6 +12,7 @@ GPU tier: the same equalities with real CUDA graphs, and the step timeline recor
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -308,3 +309,38 @@ def test_gpu_overlap_and_graph_sampling_equal():
     d = _drive(plain, prompts, [SamplingParams(logprobs=0, **p) for p in sampled], add_at)
     assert [t for t, _, _ in c] == [t for t, _, _ in d]
     assert len({tuple(t) for t, _, _ in c}) > 1
+
+
+def test_lookahead_subset_only_within_its_graph():
+    """A lookahead computed for 4 rows (graph of 4) is adopted for 3 of them (the plain loop
+    would replay the graph of 4 too) but dropped for 2 (the plain loop replays the graph of
+    2, whose GEMMs need not round the same way): a lookahead changes no token."""
+    from types import SimpleNamespace
+
+    from serve.model_runner import Lookahead
+    sizes = {1: 1, 2: 2, 3: 4, 4: 4}
+    ahead = Lookahead(np.array([5, 6, 7, 8]), np.array([10, 11, 12, 13], dtype=np.int32),
+                      np.array([100, 101, 102, 103]), pending="P", graph_size=sizes.__getitem__)
+
+    def plan(idx):
+        idx = list(idx)
+        return SimpleNamespace(request_ids=ahead.request_ids[idx], num_decode=len(idx),
+                               positions=ahead.positions[idx], slot_mapping=ahead.slots[idx])
+
+    assert ahead.matches(plan([0, 1, 2, 3])) == ("P", True)
+    got = ahead.matches(plan([0, 2, 3]))
+    assert got is not None and got[1] is False and list(got[0]._idx) == [0, 2, 3]
+    assert ahead.matches(plan([1, 3])) is None           # falls to the graph of 2: dropped
+    moved = plan([0, 2, 3])
+    moved.positions = moved.positions + 1                # not what the lookahead computed
+    assert ahead.matches(moved) is None
+
+
+def test_lookahead_default_follows_overlap_on_a_gpu_only(engines):
+    """overlap_lookahead=None: on where overlap scheduling is on a GPU; on the CPU an overlap
+    engine keeps it off, and with it the scheduler's page reservation."""
+    plain, overlap = engines
+    for eng in (plain, overlap):
+        assert eng.overlap_lookahead is False and eng.scheduler.decode_reserve_tokens == 0
+    on = Engine("dummy:tiny-llama", **KW, overlap_schedule=True, overlap_lookahead=True)
+    assert on.overlap_lookahead is True and on.scheduler.decode_reserve_tokens == 1
