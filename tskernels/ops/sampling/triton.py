@@ -74,6 +74,28 @@ def _argmax_final(val_ptr, idx_ptr, nan_ptr, out_ptr, S, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
+def _ticket_reduce(val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, row, S,
+                   BLOCK_S: tl.constexpr):
+    """The one-launch epilogue: count this (row, chunk) program in; the row's last program
+    reduces the S partials into out[row] and re-arms the counter. Every thread's partial
+    stores complete before one release-add counts this program in; the acquiring last
+    program reads the others' partials past L1 (.cg)."""
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if done == S - 1:
+        tl.store(cnt_ptr + row, 0)  # re-armed for the next launch (stream-ordered)
+        s = tl.arange(0, BLOCK_S)
+        ok = s < S
+        v = tl.load(val_ptr + row * S + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        i = tl.load(idx_ptr + row * S + s, mask=ok, other=2147483647, cache_modifier=".cg")
+        n = tl.min(tl.load(nan_ptr + row * S + s, mask=ok, other=2147483647,
+                           cache_modifier=".cg"), axis=0)
+        best_v = tl.max(v, axis=0)
+        best = tl.min(tl.where((v == best_v) & (i < 2147483647), i, 2147483647), axis=0)
+        tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
+
+
+@triton.jit
 def _argmax_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, stride, S,
                    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr):
     """One launch: a (row, chunk) program reads its whole chunk in one go (every load in
@@ -92,21 +114,7 @@ def _argmax_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, stride
     tl.store(val_ptr + out, m)
     tl.store(idx_ptr + out, tl.min(tl.where(num & (xv == m), cols, 2147483647), axis=0))
     tl.store(nan_ptr + out, tl.min(tl.where(valid & (x != x), cols, 2147483647), axis=0))
-    # every thread's partial stores complete before one release-add counts this program in;
-    # the acquiring last program reads the others' partials past L1 (.cg)
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
-    if done == S - 1:
-        tl.store(cnt_ptr + row, 0)  # re-armed for the next launch (stream-ordered)
-        s = tl.arange(0, BLOCK_S)
-        ok = s < S
-        v = tl.load(val_ptr + row * S + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        i = tl.load(idx_ptr + row * S + s, mask=ok, other=2147483647, cache_modifier=".cg")
-        n = tl.min(tl.load(nan_ptr + row * S + s, mask=ok, other=2147483647,
-                           cache_modifier=".cg"), axis=0)
-        best_v = tl.max(v, axis=0)
-        best = tl.min(tl.where((v == best_v) & (i < 2147483647), i, 2147483647), axis=0)
-        tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
+    _ticket_reduce(val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, row, S, BLOCK_S)
 
 
 @triton.jit
@@ -135,19 +143,7 @@ def _argmax_loop_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, s
     tl.store(idx_ptr + out, tl.min(tl.where((best_v == m) & (best_i < 2147483647), best_i,
                                             2147483647), axis=0))
     tl.store(nan_ptr + out, tl.min(nan_i, axis=0))
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
-    if done == S - 1:
-        tl.store(cnt_ptr + row, 0)
-        s = tl.arange(0, BLOCK_S)
-        ok = s < S
-        v = tl.load(val_ptr + row * S + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        i = tl.load(idx_ptr + row * S + s, mask=ok, other=2147483647, cache_modifier=".cg")
-        n = tl.min(tl.load(nan_ptr + row * S + s, mask=ok, other=2147483647,
-                           cache_modifier=".cg"), axis=0)
-        bv = tl.max(v, axis=0)
-        best = tl.min(tl.where((v == bv) & (i < 2147483647), i, 2147483647), axis=0)
-        tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
+    _ticket_reduce(val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, row, S, BLOCK_S)
 
 
 _counters: dict[torch.device, torch.Tensor] = {}

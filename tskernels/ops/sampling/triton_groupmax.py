@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ...compile import CompileCase
+from ...platform import platform_of
 from . import triton_sample as ts
 from .triton_sample import _finish_candidates, _inv_temperature, _scaled, _top_k
 
@@ -296,17 +297,10 @@ def _gm_race(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr, thr
                               rv_ptr, ri_ptr, V, stride, S, row, item % S, CHUNK)
 
 
-_SMS: dict[int, int] = {}
-
-
 def _fallback_programs(dev: torch.device, items: int) -> int:
     """Programs of the fallback stages: two per SM (a CUDA device), at most one per item."""
-    if dev.type != "cuda":
-        return max(1, min(items, 4))
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _SMS:
-        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return max(1, min(items, 2 * _SMS[i]))
+    sms = platform_of(dev).num_sms if dev.type == "cuda" else 2
+    return max(1, min(items, 2 * sms))
 
 
 def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=None,
@@ -351,16 +345,17 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     stride = logits.stride(0)
     grid2 = (batch, S)
     # tuning["profile"]: an int64 [batch, 8] tensor for the plan's stage stamps (sweeps)
-    prof = tuning.get("profile", tok)
+    prof = tuning.get("profile")
     c_small = min(ts.C_SMALL, cmax)
     _gm_stats[grid2](logits, temperature, part, gm, vocab, stride, S, CHUNK=chunk, G=G,
                      num_warps=tuning.get("stats_warps", 8))
     _gm_plan[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, part, gm, stat,
-                       plan, bound, gid, cs, ci, tok, lp, prof, vocab, stride, S, CHUNK=chunk,
+                       plan, bound, gid, cs, ci, tok, lp, tok if prof is None else prof, vocab,
+                       stride, S, CHUNK=chunk,
                        G=G, BLOCK_S=block_s, NGP=ngp, GMAX=gmax, CMAX=cmax, C_SMALL=c_small,
                        ITERS=tuning.get("iters", ITERS), WINDOW=WINDOW,
                        MINP_MARGIN=MINP_MARGIN, GHALF=max(1, gmax // 2),
-                       CHALF=max(1, c_small // 2), PROF=int(prof is not tok),
+                       CHALF=max(1, c_small // 2), PROF=int(prof is not None),
                        num_warps=tuning.get("plan_warps", PLAN_WARPS))
     fb = (_fallback_programs(dev, batch * S),)
     block_b = min(1024, max(16, triton.next_power_of_2(batch)))
