@@ -7,13 +7,7 @@
 #   3. STAGE2=moe: the Qwen3-30B-A3B-shaped agentic sweep (benchmarks/agentic_gpu.sh STAGE=moe)
 # Stage limits: DIAG_S, TEST_S, MOE_S (seconds).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpuwhl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache PYTHONUNBUFFERED=1
-cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
-python -c "import scheduler._core" 2>/dev/null || pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
-T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+source "$(dirname "$0")/gpu_setup.sh"
 
 if [ "${DIAG_S:-90}" -gt 0 ]; then
   stamp "diag fp8 experts"

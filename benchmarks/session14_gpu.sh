@@ -12,13 +12,7 @@
 #   PROBE_S: benchmarks/ttft_profile_probe.py (where the later turn and the 51k decode go)
 #   GAP_S: the B=64 host gap, overlap on / off / lookahead (benchmarks/agentic_engine_bench.py)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpuwhl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache PYTHONUNBUFFERED=1
-cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
-python -c "import scheduler._core" 2>/dev/null || pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
-T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+source "$(dirname "$0")/gpu_setup.sh"
 if [ "${TEST_S:-0}" -gt 0 ]; then
   stamp "gpu tests"
   OMP_NUM_THREADS=1 timeout "$TEST_S" python -m pytest -m gpu -q -rfE -p no:cacheprovider ${PYTEST_N:--n 6} --timeout 200 \

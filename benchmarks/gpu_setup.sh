@@ -1,0 +1,10 @@
+# Sourced by the lab scripts that run on the device (carry .gpuwhl): $OUT, the server wheels
+# in /tmp/site, the default model's tokenizer cache, the cp312 scheduler extension from
+# .gpuwhl/sched312 (built here when it does not import), and `stamp` for timed stage lines.
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .gpuwhl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache PYTHONUNBUFFERED=1
+cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
+python -c "import scheduler._core" 2>/dev/null || pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
+T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
