@@ -64,7 +64,7 @@ class LogitsProcessing:
                                  f"(size {self.vocab_size})")
         state = LogitsState(params)
         if params.repetition_penalty != 1.0:
-            state.prompt_ids = list(prompt_ids)
+            state.prompt_ids = np.asarray(prompt_ids).tolist()
         if params.grammar is not None:
             if self._grammar_tok is None:
                 self._grammar_tok = GrammarTokenizer(self._tokenizer_fn(), self.vocab_size,

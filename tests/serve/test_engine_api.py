@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from serve.engine import Engine, EngineArgs, RequestOutput, SamplingParams
@@ -98,11 +99,26 @@ def test_max_model_len_beyond_model(tmp_path):
 @pytest.mark.parametrize("prompt,match", [
     ([], "empty"), ("hello", "list of ints"), ([1, 2, 512], r"\[0, 512\)"), ([1, -1], "token"),
     ([1, 2.5], "token"), (list(range(1, 129)), "max_model_len"), (None, "list of ints"),
+    ([1, True], "True"), ([3, 2 ** 70], "token"), (np.array([1.0, 2.0]), "token"),
+    (np.array([[1, 2]]), "token"), (np.array([], dtype=np.int64), "empty"),
 ])
 def test_add_request_rejects_bad_prompt(engine, prompt, match):
     with pytest.raises(ValueError, match=match):
         engine.add_request("bad", prompt, SamplingParams())
     assert not engine.has_unfinished()
+
+
+def test_prompt_as_numpy_or_numpy_ints_runs_like_a_list(engine):
+    """The vectorised prompt check takes numpy arrays and numpy ints, with the same tokens."""
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = {"list": PROMPT, "array": np.array(PROMPT, dtype=np.int32),
+               "np ints": [np.int64(t) for t in PROMPT]}
+    for name, prompt in prompts.items():
+        engine.add_request(name, prompt, greedy)
+    toks: dict[str, list[int]] = {}
+    for o in _drain(engine):
+        toks.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert len(toks["list"]) == 4 and toks["array"] == toks["list"] == toks["np ints"]
 
 
 def test_add_request_rejects_bad_id_and_params(engine):
