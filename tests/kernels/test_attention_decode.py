@@ -154,6 +154,17 @@ def test_cache_with_strided_head_dim_is_rejected():
         attn.decode(q, kv.k_cache, v_slots_inner, kv.page_table, kv.seq_lens)
 
 
+@pytest.mark.parametrize("batch,length,want,want_long", [
+    (1, 51712, 33, 64), (1, 200000, 33, 64), (1, 16384, 33, 33), (1, 4096, 32, 32),
+    (2, 51712, 17, 17), (16, 32768, 3, 3), (64, 4096, 1, 1)])
+def test_split_rule_takes_more_splits_over_long_contexts(batch, length, want, want_long):
+    """~2 programs per SM; with long_chunk up to ~4 while each split keeps >= 768 keys (8 KV
+    heads, 132 SMs, 64-key blocks)."""
+    from tskernels.ops.shared.split_kv import choose_splits
+    assert choose_splits(batch, 8, length, 132, 64) == want
+    assert choose_splits(batch, 8, length, 132, 64, long_chunk=768) == want_long
+
+
 def test_many_splits_merge(kernel_device):
     """64 splits of a short request (most of them empty): the separate merge then reads a
     [64 x 128] tile per head with four warps (merge_warps), sinks included."""

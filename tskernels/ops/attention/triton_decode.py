@@ -46,11 +46,14 @@ from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
 from ..shared.split_kv import choose_splits, merge_group, merge_kernel, merge_warps
+
 # the decode space lives in the family tuning module (attention/_tune.py) with the others
 from ._tune import DECODE as SPACE, DECODE_KERNEL as TUNE_KERNEL  # noqa: F401
 from ._tune import decode_problem as tune_problem
 from ._validate import KV_FORMATS
 from ..shared.triton_math import LN2, LOG2E, fp8_to_f16, kv_scales, safe_tanh
+
+LONG_CHUNK = 768  # keys per split below which long contexts stop taking more splits
 
 FUSED_MERGE_MAX_SPLITS = 2
 
@@ -324,8 +327,10 @@ class DecodePlan(PlanBase):
         # the decode grid's results (griddepcontrol.wait), so its launch latency is hidden.
         self.pdl = nvidia and cc[0] >= 9
         sms = platform_of(dev).num_sms if dev.type == "cuda" else 4
-        self.num_splits = num_splits or choose_splits(self.batch, num_kv_heads, max_seq_len,
-                                                      sms, self.block_n)
+        # more splits over long contexts for 16-bit caches (measured there; fp8 caches not)
+        self.num_splits = num_splits or choose_splits(
+            self.batch, num_kv_heads, max_seq_len, sms, self.block_n,
+            long_chunk=LONG_CHUNK if kv_dtype != torch.float8_e4m3fn else None)
         n = self.batch * num_q_heads * self.num_splits
         # split-KV partials merged by the last split program of each (request, KV head)
         # (counted on a per-plan semaphore) instead of a second launch, only when the splits

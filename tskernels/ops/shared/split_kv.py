@@ -103,10 +103,20 @@ def merge_warps(block_s: int, block_d: int) -> int:
 
 
 def choose_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                  block_n: int, min_chunk: int = 128) -> int:
+                  block_n: int, min_chunk: int = 128, long_chunk: int | None = None) -> int:
     """Enough (request, KV head, split) programs for ~2 per SM, each with >= min_chunk keys
-    (H200 sweep: B=1 L=4k best at 32 splits, B=16 L=4k at 3-6, B>=64 at 1)."""
+    (H200 sweep: B=1 L=4k best at 32 splits, B=16 L=4k at 3-6, B>=64 at 1).
+
+    long_chunk: up to ~4 programs per SM while every split keeps >= long_chunk keys. Two per
+    SM leave a long context's KV stream short of the copy rate (H200, bf16 cache, B=1, 8 KV
+    heads, graph replay: 51.7k keys 67.6 us at 33 splits, 57.1 at 64; 16k keys 22.9 at 32,
+    27.6 at 64; benchmarks/RESULTS.md, "Session 15")."""
     base = max(1, batch * num_kv_heads)
     want = triton.cdiv(2 * max(num_sms, 1), base)
     cap = max(1, triton.cdiv(max(max_seq_len, 1), max(min_chunk, block_n)))
-    return int(max(1, min(want, cap, MAX_SPLITS)))
+    splits = max(1, min(want, cap, MAX_SPLITS))
+    if long_chunk:
+        while (splits < MAX_SPLITS and base * min(2 * splits, MAX_SPLITS) <= 4 * num_sms
+               and max_seq_len >= 2 * splits * long_chunk):
+            splits = min(2 * splits, MAX_SPLITS)
+    return int(splits)
