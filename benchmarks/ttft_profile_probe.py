@@ -1,7 +1,8 @@
 """Where issue 20's conc-1 later turn and its long-context decode spend their time: the engine
 of benchmarks/agentic_engine_bench.py runs a `--context`-token first turn, then under
 torch.profiler (CUDA activity) a later turn of `--new` tokens on the cached conversation and
-`--decode` decode steps at that context (overlap on, lookahead off / on). Kernel device time
+`--decode` decode steps at that context (overlap on, lookahead off / on); `--repeat` more later
+turns unprofiled, and one under cProfile (the host functions by own time). Kernel device time
 is summed per kernel name and per category (attention prefill / decode, GEMM, norm, rope,
 activation, KV store, sampling, other) beside the wall times.
 
@@ -69,6 +70,8 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=24)
     p.add_argument("--device", default="cuda")
     p.add_argument("--max-model-len", type=int, default=57344)
+    p.add_argument("--repeat", type=int, default=4,
+                   help="unprofiled later turns after the profiled one (one more under cProfile)")
     p.add_argument("--json", required=True)
     args = p.parse_args()
     eng = Engine(args.model, device=args.device, max_num_seqs=8,
@@ -103,6 +106,27 @@ def main() -> int:
     out["later_turn"] = {"ttft_ms": round(res["r"][0] * 1e3, 2), "profiled_wall_ms": wall,
                          "kernels_ms": top, "categories_ms": cats}
     print("later turn", out["later_turn"]["ttft_ms"], "ms;", cats, flush=True)
+    # unprofiled later turns (each adds --new tokens to the cached conversation), then one
+    # under cProfile: where the host time between the request and its first token goes
+    ttfts, turn = [], prompt
+    for i in range(args.repeat):
+        turn = turn + toks(args.new)
+        ttfts.append(round(run(f"later{i}", turn, 1)[0] * 1e3, 2))
+    import cProfile
+    import pstats
+    turn = turn + toks(args.new)
+    prof = cProfile.Profile()
+    prof.enable()
+    first = run("later_cprofile", turn, 1)[0]
+    prof.disable()
+    st = pstats.Stats(prof)
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:30]   # by own (total) time
+    out["later_turn"].update(
+        ttft_unprofiled_ms=ttfts, ttft_unprofiled_median_ms=float(np.median(ttfts)) if ttfts
+        else None, ttft_cprofile_ms=round(first * 1e3, 2),
+        host_top_tottime_ms=[(f"{k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}", round(v[2] * 1e3, 3),
+                              round(v[3] * 1e3, 3), v[1]) for k, v in top])
+    print("later turns unprofiled", ttfts, "ms", flush=True)
     for la in (False, True):
         eng.overlap_lookahead = la
         prompt2 = prompt + toks(16)
