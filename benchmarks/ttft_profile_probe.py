@@ -21,8 +21,9 @@ import torch
 from serve.engine import Engine, SamplingParams
 
 CATEGORIES = (("attention prefill", ("extend", "prefill", "fmha", "flash_fwd")),
-              ("attention decode", ("decode", "merge_states", "split_kv")),
-              ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "_mm_", "matmul")),
+              ("attention decode", ("decode", "merge_states", "split_kv", "merge_kernel")),
+              ("GEMM", ("gemm", "gemv", "_stream_kernel", "nvjet", "cutlass", "sm90_xmma", "_mm_",
+                        "matmul")),
               ("norm", ("rmsnorm", "norm")), ("rope", ("rope",)),
               ("activation", ("silu", "gelu")), ("KV store", ("store_kv", "store")),
               ("sampling", ("argmax", "sample", "_gm_")))
