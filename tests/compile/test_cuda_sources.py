@@ -94,6 +94,8 @@ TMA = re.compile(r"cp\.async\.bulk\.tensor\.2d")
 PREFILL_CONFIGS = [(128, 3, False, False), (128, 3, True, False), (128, 2, False, False),
                    (64, 4, False, False), (128, 3, False, True), (128, 3, True, True),
                    (64, 4, False, True), (128, 2, False, True)]
+# the paged split-KV build (-DSPLIT: partial O / LSE into the workspace)
+PREFILL_SPLIT_CONFIGS = [(128, 3, False, True), (128, 3, True, True), (64, 4, False, True)]
 
 
 def _build_sm90a(src, opts, tmp: Path) -> tuple[str, dict]:
@@ -133,11 +135,14 @@ def test_cuda_prefill_compiles(tmp_path):
         spec = next(k for k in tskernels.kernels() if k.name == name)
         assert spec.verification.compiled == frozenset({"sm_90"})
     rows = []
-    for bn, stages, fp16, paged in PREFILL_CONFIGS:
-        text, r = _build_sm90a(cuda_extend.SOURCE,
-                               cuda_extend.nvcc_options(fp16, stages, bn, paged=paged), tmp_path)
+    configs = [(*c, False) for c in PREFILL_CONFIGS] + \
+        [(*c, True) for c in PREFILL_SPLIT_CONFIGS]
+    for bn, stages, fp16, paged, split in configs:
+        opts = cuda_extend.nvcc_options(fp16, stages, bn, ("-DSPLIT",) if split else (), paged)
+        text, r = _build_sm90a(cuda_extend.SOURCE, opts, tmp_path)
         r.update(kernel="prefill_wgmma", block_n=bn, stages=stages, fp16=fp16, paged=paged,
-                 wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)))
+                 wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)),
+                 **({"split": True} if split else {}))
         rows.append(r)
         assert r["wgmma"] and r["tma"] and r["sass_wgmma"] and r["sass_tma"], r
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r

@@ -2,7 +2,9 @@
 built with -DPAGED, every key read from the paged cache by TMA) vs the references on the GPU:
 new tokens over cached prefixes (none, one token, ending on / off page and tile boundaries),
 pages of 8-256 slots, permuted page tables with NaN in every unused slot, GQA, bf16 / fp16,
-strided q, NaN-poisoned outputs, each tile config; named through the op; clear errors. GPU only
+strided q, NaN-poisoned outputs, each tile config; named through the op; clear errors. The
+split-KV launch (splits > 1) the same way, plus NaN in the workspace rows it must write, split
+counts past a block's tiles, one-tile splits up to the diagonal, graph replay. GPU only
 (pytest -m gpu), apart from the contiguous-K/V kernel's tests (test_attention_cuda_extend.py) so
 that the GPU tier records each backend on its own."""
 from __future__ import annotations
@@ -14,12 +16,13 @@ from hypothesis import strategies as st
 import tskernels.ops.attention as attn
 from tskernels.numerics import assert_close
 from tskernels.testing import strategies as tst
+from tskernels.testing.problems import poisoned_like
 
 try:  # tests/kernels as a package or as a plain directory on sys.path
-    from .test_attention_common import make_paged, ref_extend
+    from .test_attention_common import capture_graph, make_paged, ref_extend
     from .test_attention_cuda_extend import _check, needs_hopper
 except ImportError:
-    from test_attention_common import make_paged, ref_extend
+    from test_attention_common import capture_graph, make_paged, ref_extend
     from test_attention_cuda_extend import _check, needs_hopper
 
 pytestmark = pytest.mark.gpu
@@ -89,3 +92,107 @@ def test_cuda_paged_prefill_named_and_rejections():
     plan = attn.extend_plan(indptr, kv.page_table, kv.seq_lens, k_cache=kv.k_cache, **kw)
     with pytest.raises(ValueError, match="k_cache must be"):
         plan.run(q, kv.k_cache[:, :8], kv.v_cache)
+
+
+# --- split-KV (-DPAGED -DSPLIT: key splits merged by ops/shared/split_kv.py) ---------------
+
+def _split_case(lens, new, page_size=16, hq=8, hkv=2, dtype=torch.bfloat16, seed=21):
+    gen = torch.Generator().manual_seed(seed)
+    kv = make_paged(lens, page_size, hkv, 128, dtype, None, "cuda", gen)
+    indptr = torch.tensor([0, *torch.tensor(new, dtype=torch.long).cumsum(0).tolist()],
+                          dtype=torch.int32, device="cuda")
+    q = torch.randn(int(indptr[-1]), hq + 3, 128, generator=gen).to("cuda", dtype)[:, :hq]
+    return kv, indptr, q
+
+
+def _split_plan(kv, indptr, q, splits, tile=(128, 3)):
+    from tskernels.ops.attention.cuda_extend import CudaExtendPlan
+    return CudaExtendPlan(indptr, kv.page_table, kv.seq_lens, num_q_heads=q.shape[1],
+                          num_kv_heads=kv.k_cache.shape[2], head_dim=128,
+                          page_size=kv.k_cache.shape[1], q_dtype=q.dtype, kv_dtype=q.dtype,
+                          scale=128 ** -0.5, block_n=tile[0], stages=tile[1], paged=True,
+                          splits=splits)
+
+
+def _poison_used_partials(plan) -> int:
+    """NaN into every workspace row the kernel must write (so a row it skips shows); returns
+    the largest split count a block got."""
+    work = plan.work.view(-1, 5).tolist()
+    ptr = plan.qo_indptr.tolist()
+    most = 0
+    for b, i, _, _, k in work:
+        most = max(most, k + 1)
+        tok = torch.arange(ptr[b] + 128 * i, min(ptr[b] + 128 * (i + 1), ptr[b + 1]))
+        rows = ((tok[:, None] * plan.hq + torch.arange(plan.hq)) * plan.splits + k).flatten()
+        plan.partial_o[rows.cuda()] = float("nan")
+        plan.partial_lse[rows.cuda()] = float("nan")
+    return most
+
+
+def _check_split(lens, new, splits, tile=(128, 3), **kw):
+    kv, indptr, q = _split_case(lens, new, **kw)
+    plan = _split_plan(kv, indptr, q, splits, tile)
+    assert plan.splits == splits
+    most = _poison_used_partials(plan)
+    out = poisoned_like(q)
+    assert plan.run(q, kv.k_cache, kv.v_cache, out=out) is out
+    truth, same = ref_extend(q, kv, indptr)
+    assert_close(out, truth, baseline=same, name=f"cuda paged split {splits} {lens} {new} {tile}")
+    return most
+
+
+@needs_hopper
+@pytest.mark.parametrize("splits", [2, 3, 7, 64])
+def test_cuda_paged_split_matches_reference(splits):
+    """Ragged batch over prefixes 0 / short / long (ending mid-tile), 16-slot pages (split
+    boundaries inside pages at BN = 64), more splits than a short block has tiles (64)."""
+    for tile in ((128, 3), (64, 4)):
+        most = _check_split([300, 150, 3000, 1], [300, 20, 200, 1], splits, tile)
+        assert most == min(splits, 2800 // tile[0] + 1)  # the long prefix's first block's
+
+
+@needs_hopper
+@pytest.mark.parametrize("page_size", [8, 256])
+def test_cuda_paged_split_boundaries(page_size):
+    """Splits one tile long (the last one starting at the diagonal's tile), boundaries inside
+    256-slot pages, a prefix ending on a tile boundary and off it, fp16, GQA 4."""
+    for lens, new in (([1280 + 64], [64]), ([1280 + 128], [128]), ([2000], [300])):
+        n_first = (lens[0] - new[0]) // 128 + 1  # tiles up to the first new row's
+        _check_split(lens, new, n_first, page_size=page_size, hq=8, hkv=2,
+                     dtype=torch.float16)
+        _check_split(lens, new, n_first + 5, page_size=page_size)  # capped at n_first
+
+
+@needs_hopper
+def test_cuda_paged_split_auto_and_graph_replay():
+    """splits=None picks a split for a short extend over a long prefix (32 heads, GQA 4) and
+    stays 1 for a plain prefill; the split launch (kernel + merge) replays in a CUDA graph."""
+    kv, indptr, q = _split_case([6000 + 16], [16], hq=32, hkv=8)
+    plan = _split_plan(kv, indptr, q, None)
+    assert plan.splits > 1
+    out = torch.empty_like(q)
+    graph = capture_graph(lambda: plan.run(q, kv.k_cache, kv.v_cache, out=out))
+    gen = torch.Generator().manual_seed(3)
+    for step in range(2):
+        q.copy_(torch.randn(q.shape, generator=gen).to("cuda", q.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        truth, same = ref_extend(q, kv, indptr)
+        assert_close(out, truth, baseline=same, name=f"cuda paged split replay {step}")
+    kv, indptr, q = _split_case([4096], [4096], hq=32, hkv=8)
+    assert _split_plan(kv, indptr, q, None).splits == 1
+
+
+@needs_hopper
+def test_cuda_paged_split_rejections():
+    kv, indptr, q = _split_case([40, 70], [8, 70])
+    for bad in (0, 65, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="splits must be"):
+            _split_plan(kv, indptr, q, bad)
+    from tskernels.ops.attention.cuda_extend import CudaExtendPlan
+    kv2, indptr2, _ = _split_case([40, 70], [40, 70])
+    with pytest.raises(ValueError, match="splits > 1 needs the paged plan"):
+        CudaExtendPlan(indptr2, kv2.page_table, kv2.seq_lens, num_q_heads=8, num_kv_heads=2,
+                       head_dim=128, page_size=16, q_dtype=torch.bfloat16,
+                       kv_dtype=torch.bfloat16, scale=0.1, splits=2)

@@ -14,6 +14,11 @@ portable sm_90 target, which has no wgmma), loaded and launched with the driver 
 current stream (the K/V TMA descriptors are 128-byte kernel parameters, encoded per `run` on
 the host: no device work, no sync).
 
+Split-KV (paged plans, `splits`): work items (request, query block, key split) write fp32
+partial rows + LSE to a workspace allocated with the plan, merged into `out` by
+ops/shared/split_kv.py's merge kernel (the split count and tile ranges: ops/shared/
+extend_split.py). Off by default (DEFAULT_SPLITS = 1: the unsplit launch) until its GPU run.
+
 Verification: the GPU tier runs it on the H200 (tests/kernels/test_attention_cuda_extend.py);
 tests/compile/test_cuda_sources.py builds it with nvcc and checks the wgmma in its code.
 """
@@ -27,6 +32,7 @@ import torch
 from ...plan import PlanBase
 from ...registry import Capability, register
 from .. import cuda_driver
+from ..shared import extend_split as split_kv
 
 SOURCE = Path(__file__).with_name("cuda") / "prefill_wgmma.cu"
 HEAD_DIM = 128
@@ -37,6 +43,11 @@ STAGES = 3             # K/V ring depth (226 KB of shared memory at BLOCK_N = 12
                        # 4k / 16k prefill: 252.5 / 3843 us vs 285.2 / 4462 with 2 stages;
                        # benchmarks/RESULTS.md, "attention.extend")
 LOG2E = 1.4426950408889634
+# The paged plan's key splits when the caller names none: 1 = one CTA per (query block, head)
+# walking all its keys (the launch before split-KV); None = chosen per plan from the lengths
+# (ops/shared/extend_split.py, choose_splits). Switch to None once the GPU run verified the
+# split path.
+DEFAULT_SPLITS: int | None = 1
 
 
 def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
@@ -89,14 +100,18 @@ class CudaExtendPlan(PlanBase):
     host here, `run` neither synchronises nor allocates given `out`)."""
 
     KERNEL = "attention.extend.cuda"
-    REPR_FIELDS = ('paged', 'hq', 'hkv', 'num_blocks', 'block_n')
+    REPR_FIELDS = ('paged', 'hq', 'hkv', 'num_blocks', 'block_n', 'splits')
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
                  sliding_window=None, softcap=None, stages=STAGES, block_n=BLOCK_N, extra=(),
-                 paged=False):
+                 paged=False, splits="default"):
         """paged: read K/V from the paged cache (any cached prefix; page sizes 8-256, powers
-        of two) instead of from the new tokens' own k / v (no prefix)."""
+        of two) instead of from the new tokens' own k / v (no prefix).
+        splits (paged only): key splits per query block (split-KV, ops/shared/extend_split.py):
+        1 = the unsplit launch, an int up to 64 = that many (fewer for blocks with fewer
+        tiles), None = chosen from the lengths; "default" = DEFAULT_SPLITS. The plan's
+        `splits` is the count it launches with."""
         if head_dim != HEAD_DIM:
             raise ValueError(f"CUDA extend: head_dim {HEAD_DIM} only, got {head_dim}")
         if q_dtype not in (torch.bfloat16, torch.float16) or kv_dtype != q_dtype:
@@ -132,9 +147,30 @@ class CudaExtendPlan(PlanBase):
         self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
         self.q_dtype, self.scale = q_dtype, scale
         self.num_rows = ptr[-1] if ptr else 0
-        work = work_list(counts, prefixes=[L - n for n, L in zip(counts, lens)])
-        self.num_blocks = len(work)
-        self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32, device=dev).reshape(-1)
+        prefixes = [L - n for n, L in zip(counts, lens)]
+        if splits == "default":
+            splits = DEFAULT_SPLITS
+        if not paged:  # the contiguous kernel has no split build
+            if splits is not None and (isinstance(splits, bool) or splits != 1):
+                raise ValueError(f"CUDA extend: splits > 1 needs the paged plan, got {splits!r}")
+            splits = 1
+        else:
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count \
+                if splits is None else 0
+            splits = split_kv.resolve_splits(splits, counts, prefixes, num_q_heads, sms,
+                                             BLOCK_M, block_n)
+        self.splits = splits
+        if splits > 1:
+            work = split_kv.split_work(counts, prefixes, splits, BLOCK_M, block_n)
+            self.partial_o, self.partial_lse = split_kv.workspace(self.num_rows, num_q_heads,
+                                                                  splits, dev)
+            extra = (*extra, "-DSPLIT")
+        else:
+            work = work_list(counts, prefixes=prefixes)
+        self.num_blocks = len(work)  # work items (blocks x their splits when split)
+        width = 5 if splits > 1 else 2
+        self.work = torch.tensor(work or [(0,) * width], dtype=torch.int32,
+                                 device=dev).reshape(-1)
         self.block_n = block_n
         self._fn = _function(dev, q_dtype == torch.float16, stages, block_n, tuple(extra), paged)
         self._smem = smem_bytes(stages, block_n)  # (compiled now, not inside a graph capture)
@@ -177,7 +213,12 @@ class CudaExtendPlan(PlanBase):
                 c.c_int(self.page_size.bit_length() - 1),
                 *(c.c_int64(s) for s in (q.stride(0), q.stride(1), o.stride(0), o.stride(1),
                                          self.page_table.stride(0))))
+        if self.splits > 1:
+            args += (c.c_uint64(self.partial_o.data_ptr()),
+                     c.c_uint64(self.partial_lse.data_ptr()), c.c_int(self.splits))
         _launch(self._fn, self.num_blocks * self.hq, self._smem, q.device, args)
+        if self.splits > 1:
+            split_kv.merge(self.partial_o, self.partial_lse, o, self.splits)
         return o
 
 

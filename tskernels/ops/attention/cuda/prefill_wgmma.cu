@@ -23,7 +23,13 @@
 // turn the turn-taking and the shared-memory epilogue off (measured alternatives, see
 // benchmarks/RESULTS.md, "attention.extend"). PAGED reads every key from the paged cache
 // instead (any cached prefix; the producer's warp 0 looks up the page ids and copies page by
-// page; run-verified on the H200). Shared helpers and the wgmma wrappers: hopper_common.cuh.
+// page; run-verified on the H200). PAGED + SPLIT splits the keys: a work item is (request,
+// query block, key tiles t0 .. t1 - 1, split index) and writes its rows' normalised fp32 O and
+// natural-log LSE into a split-KV workspace instead of o (rows [(token * hq + h) * splits + sp,
+// 128], the layout ops/shared/split_kv.py merges); the host keeps every tile that needs the
+// causal mask in a request's last split and starts each split at or below the block's first
+// query position, so every row of every split sees at least one key (compile-verified until
+// its GPU run). Shared helpers and the wgmma wrappers: hopper_common.cuh.
 
 #ifndef STAGES
 #define STAGES 3                   // 226 KB with BN = 128
@@ -107,7 +113,11 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
                      const int* __restrict__ qo_indptr, const int* __restrict__ work,
                      const int* __restrict__ seq_lens, const int* __restrict__ page_table,
                      float c, int hq, int group, int page_shift, long q_st, long q_sh,
-                     long o_st, long o_sh, long pt_st) {
+                     long o_st, long o_sh, long pt_st
+#ifdef SPLIT
+                     , float* __restrict__ part_o, float* __restrict__ part_lse, int splits
+#endif
+                     ) {
 #else
 // kn / vn / k_st / v_st: the tensors the maps describe (unused by the TMA path; kept so that the
 // launch ABI matches the measured build)
@@ -128,7 +138,12 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 
     const int pid = blockIdx.x;
     const int h = pid % hq, wi = pid / hq, kvh = h / group;
-    const int b = work[2 * wi], m0 = work[2 * wi + 1] * BM;
+#ifdef SPLIT
+    // (request, query block, first tile, end tile, split index)
+    const int b = work[5 * wi], m0 = work[5 * wi + 1] * BM, t0 = work[5 * wi + 2];
+#else
+    const int b = work[2 * wi], m0 = work[2 * wi + 1] * BM, t0 = 0;
+#endif
     const int q_start = qo_indptr[b], n = qo_indptr[b + 1] - q_start;
 #ifdef PAGED
     const int pre = seq_lens[b] - n;              // cached prefix: query i sits at pre + i
@@ -136,7 +151,11 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     const int pre = 0;
 #endif
     const int last = min(m0 + BM, n) - 1;         // last query row of the block (local)
+#ifdef SPLIT
+    const int n_tiles = min(work[5 * wi + 3], (pre + last) / BN + 1);  // this split's end tile
+#else
     const int n_tiles = (pre + last) / BN + 1;    // keys 0 .. pre + last
+#endif
 
     const int tid = threadIdx.x, wg = tid >> 7;
     if (tid == 0) {
@@ -167,9 +186,9 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         if (tid < 32) {
             const int L = pre + n, box = min(1 << page_shift, BN), pmask = (1 << page_shift) - 1;
             const int* pt = page_table + (long)b * pt_st;
-            for (int jt = 0; jt < n_tiles; ++jt) {
-                const int s = jt % STAGES;
-                if (jt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((jt / STAGES) - 1) & 1);
+            for (int jt = t0; jt < n_tiles; ++jt) {
+                const int lt = jt - t0, s = lt % STAGES;  // ring slots count from the split's start
+                if (lt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((lt / STAGES) - 1) & 1);
                 const u32 dst = skv + s * STAGE_BYTES, full = bars + 8 * s;
                 const int j0 = jt * BN, rows = min(BN, L - j0), col = kvh * HD;
                 const int whole = rows / box;  // full boxes (each inside one page)
@@ -227,7 +246,11 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         named_sync(3 + w, 128);
     }
     const int wlast = min(m0 + 64 * w + 63, n - 1);  // this warpgroup's last valid row
+#ifdef SPLIT
+    const int n_vis = min((pre + wlast) / BN + 1, n_tiles);  // end of the tiles it sees
+#else
     const int n_vis = (pre + wlast) / BN + 1;         // tiles it sees (n_tiles or one less)
+#endif
     const int diag = (pre + m0 + 64 * w) / BN;        // first tile needing the causal mask
     const int posA = pre + rowA, posB = posA + 8;     // the rows' positions (keys they see)
 
@@ -246,11 +269,11 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     // cores; then O is rescaled and P taken from S. Every wgmma sits in straight-line code (a
     // branch around one makes ptxas serialise them all): tile 0 has no previous tile, its P is
     // zero and the P V MMA adds exact zeros reading stage 0's (loaded, finite) K tile as "V".
-    for (int jt = 0; jt < n_vis; ++jt) {
-        const int st = jt % STAGES, prev = (jt + STAGES - 1) % STAGES;
+    for (int jt = t0; jt < n_vis; ++jt) {
+        const int lt = jt - t0, st = lt % STAGES, prev = (lt + STAGES - 1) % STAGES;
         const u32 sk = skv + st * STAGE_BYTES;
-        const u32 sv = jt > 0 ? skv + prev * STAGE_BYTES + TILE_BYTES : sk;
-        mbar_wait(bars + 8 * st, (jt / STAGES) & 1);
+        const u32 sv = lt > 0 ? skv + prev * STAGE_BYTES + TILE_BYTES : sk;
+        mbar_wait(bars + 8 * st, (lt / STAGES) & 1);
 #ifndef NOPINGPONG
         named_sync(1 + w, 256);  // my turn to issue MMAs
 #endif
@@ -303,7 +326,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
 #pragma unroll
         for (int i = 0; i < BN / 4; ++i) reg_fence(p[i]);
-        if (jt > 0) mbar_arrive(bars + 8 * (STAGES + prev));
+        if (lt > 0) mbar_arrive(bars + 8 * (STAGES + prev));
         rescale_rows<16>(acc, aA, aB);
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i) {
@@ -314,7 +337,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     {   // O += P V of the last visible tile; consumer 0 may still owe the block's last tile
         // (above its diagonal) its turn in the protocol and its stage release
         const bool skip = n_vis < n_tiles;
-        const int prev = (n_vis - 1) % STAGES;
+        const int prev = (n_vis - 1 - t0) % STAGES;
         const u32 sv = skv + prev * STAGE_BYTES + TILE_BYTES;
 #ifndef NOPINGPONG
         if (skip) named_sync(1 + w, 256);
@@ -329,8 +352,32 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #pragma unroll
         for (int i = 0; i < 64; ++i) reg_fence(acc[i]);
         mbar_arrive(bars + 8 * (STAGES + prev));
-        if (skip) mbar_arrive(bars + 8 * (STAGES + (n_tiles - 1) % STAGES));
+        if (skip) mbar_arrive(bars + 8 * (STAGES + (n_tiles - 1 - t0) % STAGES));
     }
+#ifdef SPLIT
+    {   // this split's normalised O rows (fp32) and their natural-log LSE into the workspace
+        const float LA = quad_sum(lA), LB = quad_sum(lB), iA = 1.f / LA, iB = 1.f / LB;
+        const int sp = work[5 * wi + 4];
+        const float ln2 = 0.6931471805599453f;
+        if (rowA < n) {
+            const long r = ((long)(q_start + rowA) * hq + h) * splits + sp;
+            float* dst = part_o + r * HD + 2 * qc;
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                *(float2*)(dst + 8 * i) = make_float2(acc[4 * i] * iA, acc[4 * i + 1] * iA);
+            if (qc == 0) part_lse[r] = (mA + __log2f(LA)) * ln2;
+        }
+        if (rowA + 8 < n) {
+            const long r = ((long)(q_start + rowA + 8) * hq + h) * splits + sp;
+            float* dst = part_o + r * HD + 2 * qc;
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                *(float2*)(dst + 8 * i) = make_float2(acc[4 * i + 2] * iB,
+                                                      acc[4 * i + 3] * iB);
+            if (qc == 0) part_lse[r] = (mB + __log2f(LB)) * ln2;
+        }
+    }
+#else
     const float iA = 1.f / quad_sum(lA), iB = 1.f / quad_sum(lB);
 #ifdef DIRECT_STORE
     u16* ob = o + (long)h * o_sh + 2 * qc;
@@ -372,6 +419,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         if (row < n) *(uint4*)(ob + (long)(q_start + row) * o_st + cc * 8) = val;
     }
 #endif
+#endif  // SPLIT
 #else
     asm volatile("trap;\n");  // built without sm_90a features: fail loudly, never return zeros
 #endif
