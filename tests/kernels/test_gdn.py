@@ -216,7 +216,10 @@ def test_decode_block_widths(kernel_device, block_v):
 
 @pytest.mark.parametrize("tuning", [{"state_bv": 16}, {"state_bv": 64}, {"wy_warps": 4},
                                     {"wy_reload": True}, {"wy_reload": True, "wy_warps": 4},
-                                    {"out_warps": 4}])
+                                    {"out_warps": 4}, {"variant": "fused"}, {"variant": "wy64"},
+                                    {"variant": "wy64", "wy_warps": 4},
+                                    {"variant": "wy64", "wy_reload": False},
+                                    {"variant": "wy64", "state_stages": 2}])
 def test_prefill_launch_variants(kernel_device, tuning):
     """The launch overrides the H200 sweep timed compute the same values."""
     x = problem([70, 0, 1, 66], 2, 2, *VARIANT_DIMS, DTYPES[-1], kernel_device, 3)
@@ -239,3 +242,62 @@ def test_prefill_cdna_launch(arch, monkeypatch):
     o, final = tc.chunk_prefill(*(x[a] for a in ("q", "k", "v", "g", "beta")),
                                 cu_seqlens=x["cu_seqlens"], use_qk_l2norm=True)
     check_prefill(x, o, final, None, VARIANT_DIMS[0] ** -0.5, True)
+
+
+WY64 = {"variant": "wy64"}
+
+
+def _prefill_fn(x, tuning, **kw):
+    return _triton("chunk_prefill").fn(*(x[a] for a in ("q", "k", "v", "g", "beta")),
+                                       cu_seqlens=x["cu_seqlens"], tuning=tuning, **kw)
+
+
+@settings(max_examples=max(EXAMPLES // 2, 5))
+@given(lens=st.lists(st.one_of(st.sampled_from([0, 1, 64, 65]), st.integers(0, MAX_LEN)),
+                     min_size=1, max_size=4),
+       group=st.sampled_from([1, 2]), dims=st.sampled_from(DIMS), dtype=st.sampled_from(DTYPES),
+       with_state=st.booleans(), l2=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_wy64_prefill_matches_recurrence(kernel_device, lens, group, dims, dtype, with_state,
+                                         l2, seed):
+    """The "wy64" WY kernel (64-row K K^T / W / U products, T through an fp32 scratch tile):
+    ragged batches with empty and one-token sequences, initial states, grouped heads."""
+    x = problem(lens, KEY_HEADS[-1], group, *dims, dtype, kernel_device, seed, l2)
+    hv = KEY_HEADS[-1] * group
+    init = (torch.randn(len(lens), hv, *dims, generator=torch.Generator().manual_seed(seed)) * 0.5
+            if with_state else None)
+    o, final = _prefill_fn(x, WY64, initial_state=None if init is None else
+                           init.to(kernel_device), scale=0.3, use_qk_l2norm=l2)
+    assert o.dtype == dtype and final.dtype == torch.float32
+    check_prefill(x, o, final, init, 0.3, l2, name="wy64 ")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wy64_pieces_equal_one_prefill_and_fused(kernel_device, dtype):
+    """wy64: a prefill split inside and on chunk boundaries carries its state (= one long
+    prefill), and equals the fused variant within the dtype's tolerance."""
+    lens, first = [150, 0, 1, 70], [69, 0, 1, 64]
+    x = problem(lens, 2, 2, *VARIANT_DIMS, dtype, kernel_device, 11)
+    one_o, one_s = _prefill_fn(x, WY64, use_qk_l2norm=True)
+    fused_o, fused_s = _prefill_fn(x, {"variant": "fused"}, use_qk_l2norm=True)
+    assert_close(one_o, fused_o.double(), dtype, name="wy64 vs fused o")
+    assert_close(one_s, fused_s.double(), dtype, name="wy64 vs fused state")
+    bounds = x["cu_seqlens"].tolist()
+    got, state = torch.empty_like(one_o), None
+    for piece in (0, 1):
+        spans = [(s, s + f) if piece == 0 else (s + f, e)
+                 for s, e, f in zip(bounds, bounds[1:], first)]
+        idx = torch.cat([torch.arange(s, e) for s, e in spans]).to(kernel_device)
+        cu = torch.tensor([0, *torch.tensor([e - s for s, e in spans]).cumsum(0).tolist()],
+                          dtype=torch.int32, device=kernel_device)
+        sub = {a: x[a][idx] for a in ("q", "k", "v", "g", "beta")}
+        o, state = _prefill_fn({**sub, "cu_seqlens": cu}, WY64, initial_state=state,
+                               use_qk_l2norm=True)
+        got[idx] = o
+    assert_close(got, one_o.double(), dtype, name="wy64 pieces o")
+    assert_close(state, one_s.double(), dtype, name="wy64 pieces state")
+
+
+def test_prefill_rejects_unknown_variant():
+    x = problem([3], 1, 1, 16, 16, torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match="variant"):
+        _prefill_fn(x, {"variant": "wgmma"})

@@ -30,6 +30,14 @@ from .._common import TRITON
 from . import _tune
 from ..shared.ragged import block_offsets, locate_block, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
+from ._wy64 import _wy64_kernel
+
+# The WY launch a plain call gets: "fused" (`_wy_kernel`, 16-row products, run-verified) or
+# "wy64" (`_wy64_kernel`: the chunk's K K^T, W and U as 64-row products, wgmma on sm_90;
+# compile- and interpreter-verified only until its H200 run). Switching the default is this line.
+DEFAULT_VARIANT = "fused"
+VARIANTS = ("fused", "wy64")
+WY64_WARPS = 8
 
 BT = tl.constexpr(CHUNK)  # chunk length
 BC = tl.constexpr(16)  # sub-block of the in-chunk solve
@@ -315,11 +323,15 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
                   chunk_size=64, use_qk_l2norm=False, tuning: dict | None = None):
     """Triton chunked gated delta rule (WY / UT form, chunk 64, fp32 state).
 
-    tuning: launch overrides for measurements ({"state_bv", "wy_warps", "wy_reload",
+    tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
+    default DEFAULT_VARIANT), "state_bv", "state_stages", "wy_warps", "wy_reload",
     "out_warps"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
                                           q.device)
+    variant = tuning.get("variant", DEFAULT_VARIANT)
+    if variant not in VARIANTS:
+        raise ValueError(f"tuning: expected variant in {VARIANTS}, got {variant!r}")
     total, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     num_seqs = cu_seqlens.shape[0] - 1
@@ -345,7 +357,15 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     prec = _prec(dt)
     arch = cdna_arch(dev)
     amd = dict(CDNA_OPTIONS) if arch else {}
-    if max_chunks:
+    if max_chunks and variant == "wy64":
+        # fp32 scratch for A, then T, one [64, 64] tile per (chunk, head); see _wy64.py
+        scratch = torch.empty(max_chunks, hv, CHUNK, CHUNK, dtype=torch.float32, device=dev)
+        _wy64_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, scratch, w, u, num_seqs,
+                                       HK=hk, HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
+                                       RELOAD_K=tuning.get("wy_reload", True),
+                                       num_warps=tuning.get("wy_warps", WY64_WARPS), **amd)
+        del scratch
+    elif max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
                                      K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                      RELOAD_K=tuning.get("wy_reload", dk >= 128),
@@ -354,6 +374,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     state_bv, state_stages = CDNA_STATE[arch] if arch else (32, None)
     bv = min(dv, tuning.get("state_bv", state_bv))
     stages = {"num_stages": state_stages, **amd} if arch else {}
+    if "state_stages" in tuning:
+        stages["num_stages"] = tuning["state_stages"]
     _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
                                              K=dk, V=dv, BV=bv, HAS_H0=initial_state is not None,
                                              PREC=prec, num_warps=4, **stages)
@@ -369,6 +391,9 @@ def _cases():
     common = {"cu_ptr": "*i32", "coff_ptr": "*i32"}
     wy = {"k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*bf16",
           **common, "G_ptr": "*fp32", "w_ptr": "*bf16", "u_ptr": "*bf16", "N": "i32"}
+    wy64 = {a: wy[a] for a in ("k_ptr", "v_ptr", "g_ptr", "beta_ptr", "cu_ptr", "coff_ptr",
+                               "G_ptr")}
+    wy64.update(a_ptr="*fp32", w_ptr="*bf16", u_ptr="*bf16", N="i32")
     st = {"k_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "G_ptr": "*fp32",
           "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common}
     out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
@@ -380,6 +405,10 @@ def _cases():
         # 1.37x faster than the spill-free 8-warp launch (benchmarks/RESULTS.md, issue 23)
         CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=True), num_warps=4,
                     uses_dot=True, narrow_dot=True, label="wy"),
+        # the "wy64" variant: K K^T, W and U as 64-row products (wgmma on sm_90); 8 warps:
+        # 170 registers on sm_90, no spill (4 warps: 255 and 48 bytes spilled)
+        CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True),
+                    num_warps=WY64_WARPS, uses_dot=True, label="wy64"),
         CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
                     uses_dot=True, label="state"),
         CompileCase(_output_kernel, out, dict(heads, LOG_N=4), num_warps=8, uses_dot=True,
@@ -394,7 +423,7 @@ def _cases():
     opts = tuple(CDNA_OPTIONS.items())
     for arch in CDNA_ARCHS:
         bv, ns = CDNA_STATE[arch]
-        wy, st, o = nvidia_cases[:3]
+        wy, _, st, o = nvidia_cases[:4]
         # (WY / output: AMD's default 2 stages, as launched; neither has a pipelined loop)
         out += [dataclasses.replace(wy, targets=(arch,), num_stages=2, options=opts,
                                     label=f"wy_{arch}"),

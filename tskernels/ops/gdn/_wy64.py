@@ -1,0 +1,150 @@
+"""The "wy64" WY kernel of the chunked gated delta rule: the same factors as `_wy_kernel` in
+triton_chunk.py (G, W = T (beta e^G K), U = T (beta V) with T = (I + A)^-1), but with every
+tensor-core product 64 rows tall, so that sm_90 lowers it to wgmma instead of 16-row mma.sync:
+
+1. A = K K^T for the whole chunk is one [64, 128] x [128, 64] product, scaled by
+   beta_i e^(G_i - G_j) and masked to j < i, then written in fp32 to a per-(chunk, head)
+   scratch tile;
+2. the solve reads A back as 16 x 16 blocks (forward substitution on the four diagonal blocks,
+   the block-triangular merge, all in fp32 FMA math, as the fused kernel does) and writes T over
+   A in the same tile;
+3. T is read back whole and W, U are two [64, 64] x [64, 128] products.
+
+The scratch round trip (16 KB per program, written and re-read by the same CTA, so it stays in
+L2) is what buys the 64-row tiles: Triton has no cheap way to reassemble register blocks into
+one tile. The CTA barriers between the phases order the scratch stores before the loads of
+other threads; the loads bypass L1 (".cg").
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..shared.ragged import locate_block
+from ._validate import CHUNK
+
+BT = tl.constexpr(CHUNK)  # chunk length
+BC = tl.constexpr(16)  # sub-block of the in-chunk solve
+
+
+@triton.jit
+def _inv_unit_lower16(a, o):
+    """(I + a)^-1 for a strictly lower-triangular [BC, BC] fp32 tile, by forward substitution:
+    row i of N = T - I is -a_i + sum_(j<i) (-a_ij) N_j (rows 0 and 1 are -a's)."""
+    n = -a
+    for i in range(2, BC):
+        row = tl.sum(tl.where((o == i)[:, None], -a, 0.0), 0)
+        row = tl.where(o < i, row, 0.0)
+        row = row + tl.sum(row[:, None] * n, 0)
+        n = tl.where((o == i)[:, None], row[None, :], n)
+    return n + (o[:, None] == o[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _mm32(a, b):
+    """fp32 product of two small fp32 tiles, exact (no tf32 rounding)."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _tc(a, b, IEEE: tl.constexpr):
+    """a @ b on the tensor cores; IEEE: fp32 tiles multiplied in full fp32 rather than tf32."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _blk(sp, i: tl.constexpr, j: tl.constexpr, o):
+    """Block (i, j) of the [BT, BT] fp32 scratch tile at sp."""
+    r = o + i * 16
+    cc = o + j * 16
+    return tl.load(sp + r[:, None] * BT + cc[None, :], cache_modifier=".cg")
+
+
+@triton.jit
+def _put(sp, i: tl.constexpr, j: tl.constexpr, o, x):
+    r = o + i * 16
+    cc = o + j * 16
+    tl.store(sp + r[:, None] * BT + cc[None, :], x)
+
+
+@triton.jit
+def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, w_ptr, u_ptr, N,
+                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True):
+    """One program per (chunk, value head). a_ptr: fp32 scratch [max_chunks, HV, BT, BT]."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    if c >= tl.load(coff_ptr + N):
+        return
+    n = locate_block(coff_ptr, c, N, LOG_N)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    hk = hv // (HV // HK)
+    ot = tl.arange(0, BT)
+    o = tl.arange(0, BC)
+    ok = tl.arange(0, K)
+    ov = tl.arange(0, V)
+    dt = k_ptr.dtype.element_ty
+    rows = bos + t0 + ot
+    m = t0 + ot < length
+
+    G = tl.cumsum(tl.load(g_ptr + rows * HV + hv, mask=m, other=0.0), 0)
+    tl.store(G_ptr + rows * HV + hv, G, mask=m)
+    b = tl.load(beta_ptr + rows * HV + hv, mask=m, other=0.0).to(tl.float32)
+    kp = k_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :]
+    kk = tl.load(kp, mask=m[:, None], other=0.0)
+
+    # 1. A (masked rows and columns are zero keys: zero rows / columns of A)
+    low = ot[:, None] > ot[None, :]
+    decay = tl.exp(tl.where(low, G[:, None] - G[None, :], 0.0))  # masked: no overflow above
+    a = tl.where(low, _tc(kk, tl.trans(kk), PREC) * decay, 0.0) * b[:, None]
+    sp = a_ptr + (c.to(tl.int64) * HV + hv) * (BT * BT)
+    tl.store(sp + ot[:, None] * BT + ot[None, :], a)
+    tl.debug_barrier()
+
+    # 2. T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
+    # T_ij = -T_ii sum_(j <= m < i) A_im T_mj; the upper blocks stay A's zeros
+    t00 = _inv_unit_lower16(_blk(sp, 0, 0, o), o)
+    t11 = _inv_unit_lower16(_blk(sp, 1, 1, o), o)
+    t22 = _inv_unit_lower16(_blk(sp, 2, 2, o), o)
+    t33 = _inv_unit_lower16(_blk(sp, 3, 3, o), o)
+    a21 = _blk(sp, 2, 1, o)
+    a32 = _blk(sp, 3, 2, o)
+    a31 = _blk(sp, 3, 1, o)
+    t10 = -_mm32(t11, _mm32(_blk(sp, 1, 0, o), t00))
+    t21 = -_mm32(t22, _mm32(a21, t11))
+    t32 = -_mm32(t33, _mm32(a32, t22))
+    t20 = -_mm32(t22, _mm32(_blk(sp, 2, 0, o), t00) + _mm32(a21, t10))
+    t31 = -_mm32(t33, _mm32(a31, t11) + _mm32(a32, t21))
+    t30 = -_mm32(t33, _mm32(_blk(sp, 3, 0, o), t00) + _mm32(a31, t10) + _mm32(a32, t20))
+    # every A block is read before any T block overwrites it
+    tl.debug_barrier()
+    _put(sp, 0, 0, o, t00)
+    _put(sp, 1, 1, o, t11)
+    _put(sp, 2, 2, o, t22)
+    _put(sp, 3, 3, o, t33)
+    _put(sp, 1, 0, o, t10)
+    _put(sp, 2, 1, o, t21)
+    _put(sp, 3, 2, o, t32)
+    _put(sp, 2, 0, o, t20)
+    _put(sp, 3, 1, o, t31)
+    _put(sp, 3, 0, o, t30)
+    tl.debug_barrier()
+
+    # 3. W = T (beta e^G K), U = T (beta V): 64-row products in the activations' dtype.
+    # RELOAD_K: the keys are read again (L2 hits) rather than held live across the solve.
+    t = tl.load(sp + ot[:, None] * BT + ot[None, :], cache_modifier=".cg").to(dt)
+    if RELOAD_K:
+        kk = tl.load(kp, mask=m[:, None], other=0.0, cache_modifier=".ca")
+    kw = (kk * (b * tl.exp(G))[:, None]).to(dt)
+    tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :], _tc(t, kw, PREC).to(dt),
+             mask=m[:, None])
+    # one [64, 128] fp32 accumulator live at a time (W's and U's together spilled at 4 warps)
+    tl.debug_barrier()
+    vp = rows[:, None] * (HV * V) + hv * V + ov[None, :]
+    vb = (tl.load(v_ptr + vp, mask=m[:, None], other=0.0) * b[:, None]).to(dt)
+    tl.store(u_ptr + vp, _tc(t, vb, PREC).to(dt), mask=m[:, None])
