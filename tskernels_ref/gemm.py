@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 from ._common import FP8_DTYPE, FP8_MAX, compute_dtype
+from .activation import silu_and_mul as _silu_and_mul
+from .norm import rmsnorm as _rmsnorm
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -255,3 +257,30 @@ def q4w_mm(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, mins: torch.Te
         return c.to(out_dtype or a.dtype)
     w = (nib * scale.to(acc)[..., None] + mins.to(acc)[..., None]).reshape(n, 2 * half)
     return (a.to(acc) @ w.T).to(out_dtype or a.dtype)
+
+
+def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, b: torch.Tensor, *,
+                 eps: float = 1e-6, out_dtype: torch.dtype | None = None,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """c = rmsnorm(x, norm_weight, eps) @ b.T (+ residual): the unfused pair, the normed x
+    rounded to x.dtype in between (as norm.rmsnorm returns it).
+
+    Args:
+        x: [M, K]. norm_weight: [K]. b: [N, K]. residual: optional [M, N].
+    Returns:
+        c [M, N] in out_dtype (default x.dtype).
+    """
+    return gemv(_rmsnorm(x, norm_weight, eps), b, out_dtype=out_dtype, residual=residual)
+
+
+def silu_mul_gemv(x: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """c = silu_and_mul(x) @ b.T (+ residual): the unfused pair, silu(gate) * up rounded to
+    x.dtype in between (as activation.silu_and_mul returns it).
+
+    Args:
+        x: [M, 2K] (gate half first). b: [N, K]. residual: optional [M, N].
+    Returns:
+        c [M, N] in out_dtype (default x.dtype).
+    """
+    return gemv(_silu_and_mul(x), b, out_dtype=out_dtype, residual=residual)

@@ -19,6 +19,16 @@ from tskernels import fmt
 
 _bound: dict[tuple, object] = {}
 
+# Decode fusion (rows <= 16 on a GPU, 16-bit weights): RMSNorm into the qkv / gate-up gemvs
+# (gemm.rmsnorm_gemv), SiLU-mul into the down gemv (gemm.silu_mul_gemv), the o / down residual
+# adds into their epilogues (serve.models.layers.DecoderLayer). Off until its GPU tier and the
+# serving A/B ran (benchmarks/s15_gemv_gpu.py); turning it on by default is this line.
+FUSE_DECODE_GEMV = False
+# the fused kernels are named while they are not run-verified (the registry would pick the
+# reference for them); None once verified.json lists them (the registry's choice)
+FUSED_BACKEND: str | None = "triton"
+_FUSED_DTYPES = (torch.float16, torch.bfloat16)
+
 
 def bind(key: tuple, family: str, op: str, problem):
     """The kernel the registry selects for `family.op` on the CPU under the active kernel
@@ -62,6 +72,28 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
     k = bind(("mm", a.dtype, b.dtype, c), "gemm", "mm",
              lambda: dict(formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(c)}))
     return k(a, b, out_dtype=out_dtype)
+
+
+def fuse_decode(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a decoder layer runs its norms / activation fused into its gemvs for rows x
+    (FUSE_DECODE_GEMV, a GPU, at most gemm.GEMV_MAX_M rows, 16-bit, gemm.gemv taken there)."""
+    return (FUSE_DECODE_GEMV and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
+            x.shape[0] <= tskernels.gemm.GEMV_MAX_M and _gemv_fits(x, w, None))
+
+
+def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor):
+    """rmsnorm(x) @ w.T in one launch (x [M, K] the residual stream, w [N, K])."""
+    return tskernels.gemm.rmsnorm_gemv(x, norm_weight, w, eps=eps, backend=FUSED_BACKEND)
+
+
+def silu_mul_gemv(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor):
+    """silu(gate) * up @ w.T + residual in one launch (x [M, 2I] the gate|up output)."""
+    return tskernels.gemm.silu_mul_gemv(x, w, residual=residual, backend=FUSED_BACKEND)
+
+
+def gemv_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor):
+    """x @ w.T + residual, the add in the gemv's epilogue (one rounding)."""
+    return tskernels.gemm.gemv(x, w, residual=residual)
 
 
 def _norm_problem(x: torch.Tensor, weight: torch.Tensor) -> dict:

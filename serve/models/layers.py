@@ -73,6 +73,11 @@ class Linear(nn.Module):
         self.weight_scale_inv = _param(_cdiv(n, block), _cdiv(k, block), dtype=torch.float32)
         self.block = block
 
+    def plain(self) -> bool:
+        """A dense 16/32-bit weight and no bias: what the fused decode gemvs take."""
+        return (self.weight_scale_inv is None and self.int8 is None and self.q4 is None and
+                self.bias is None)
+
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in `dtype` (dequantized when fp8), for load-time transforms."""
         if self.weight_scale_inv is None:
@@ -131,6 +136,16 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self._act(self.gate_up_proj(x)))
+
+    def fusable(self) -> bool:
+        return (self._act is ops.silu_and_mul and self.gate_up_proj.plain() and
+                self.down_proj.plain())
+
+    def fused_forward(self, h: torch.Tensor, norm: "RMSNorm") -> torch.Tensor:
+        """The residual stream after this block: h + down(silu_mul(gate_up(norm(h)))), norm
+        and activation fused into the gemvs, the residual add into down's epilogue."""
+        gu = ops.rmsnorm_gemv(h, norm.weight, norm.eps, self.gate_up_proj.weight)
+        return ops.silu_mul_gemv(gu, self.down_proj.weight, h)
 
 
 class Experts(nn.Module):
@@ -221,8 +236,21 @@ class PagedAttention(nn.Module):
         self.split = [q, kv, kv]
 
     def forward(self, x: torch.Tensor, batch) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        return self.o_proj(self.attend(self.qkv_proj(x), batch))
+
+    def fusable(self) -> bool:
+        return self.qkv_proj.plain() and self.o_proj.plain()
+
+    def fused_forward(self, h: torch.Tensor, norm: "RMSNorm", batch) -> torch.Tensor:
+        """The residual stream after this block: h + o(attn(qkv(norm(h)))), the norm fused
+        into the qkv gemv and the residual add into o's epilogue."""
+        qkv = ops.rmsnorm_gemv(h, norm.weight, norm.eps, self.qkv_proj.weight)
+        return ops.gemv_residual(self.attend(qkv, batch), self.o_proj.weight, h)
+
+    def attend(self, qkv: torch.Tensor, batch) -> torch.Tensor:
+        """Attention output [T, heads * head_dim] of the q|k|v projection [T, q + 2 kv]."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split(self.split, dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -230,11 +258,16 @@ class PagedAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q, k, batch.positions)
         o = batch.attention.forward(self.layer_id, q, k, v, sliding_window=self.sliding_window)
-        return self.o_proj(o.view(t, -1))
+        return o.view(t, -1)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block; the residual add is fused into the next norm (fused_add_rmsnorm)."""
+    """Pre-norm block; the residual add is fused into the next norm (fused_add_rmsnorm).
+
+    Decode rows on a GPU (bound_ops.fuse_decode) take the fused form per half where the
+    sub-block allows it (`fusable`: plain 16-bit weights, SiLU MLP): the norm runs inside the
+    next gemv and the residual add in the gemv's epilogue, so the half returns the whole
+    residual stream (x, None). (x, residual) always means "the stream is x + residual"."""
 
     def __init__(self, cfg, self_attn: nn.Module, mlp: nn.Module):
         super().__init__()
@@ -243,13 +276,27 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, residual, batch):
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
+        attn, mlp = self.self_attn, self.mlp
+        fuse_attn = getattr(attn, "fusable", None) is not None and \
+            ops.fuse_decode(x, attn.qkv_proj.weight) and attn.fusable()
+        if fuse_attn:
+            h = x if residual is None else x + residual  # fused_add_rmsnorm's sum, one rounding
+            x, residual = attn.fused_forward(h, self.input_layernorm, batch), None
         else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, batch)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            if residual is None:
+                residual, x = x, self.input_layernorm(x)
+            else:
+                x, residual = self.input_layernorm(x, residual)
+            x = attn(x, batch)
+        if getattr(mlp, "fusable", None) is not None and \
+                ops.fuse_decode(x, mlp.gate_up_proj.weight) and mlp.fusable():
+            return mlp.fused_forward(x if residual is None else x + residual,
+                                     self.post_attention_layernorm), None
+        if residual is None:
+            residual, x = x, self.post_attention_layernorm(x)
+        else:
+            x, residual = self.post_attention_layernorm(x, residual)
+        return mlp(x), residual
 
 
 class CausalLM(nn.Module):
@@ -269,6 +316,8 @@ class CausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, batch)
+        if residual is None:  # the last layer ran fused: x is the whole residual stream
+            return self.norm(x)
         x, _ = self.norm(x, residual)
         return x
 

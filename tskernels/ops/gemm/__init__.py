@@ -17,7 +17,7 @@ from tskernels_ref.gemm import quantize_fp8_block
 from ... import _check
 from ...registry import fmt, select
 from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
-from . import triton_fp8, triton_gemv, triton_mm  # noqa: F401  (register backends)
+from . import triton_fp8, triton_gemv, triton_gemv_fused, triton_mm  # noqa: F401  (backends)
 from . import cuda_mm_sm100  # noqa: F401  (Blackwell tcgen05: compiled, not run)
 from . import cuda_mm_sm100_2cta  # noqa: F401  (Blackwell CTA pairs: compiled, not run, opt-in)
 from .int8w import int8w_mm, quantize_int8_per_channel
@@ -25,7 +25,8 @@ from .q4w import q4w_mm, quantize_q4_groups
 
 __all__ = ["fp8_block_mm", "gemv", "int8w_mm", "mm", "q4w_mm", "quantize_fp8_block",
            "quantize_fp8_per_channel", "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
-           "quantize_int8_per_channel", "quantize_q4_groups", "silu_and_mul_quantize_fp8"]
+           "quantize_int8_per_channel", "quantize_q4_groups", "rmsnorm_gemv",
+           "silu_and_mul_quantize_fp8", "silu_mul_gemv"]
 
 GEMV_MAX_M = 16
 SCALE_DTYPES = (torch.float32, torch.float64)
@@ -89,6 +90,70 @@ def gemv(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
     # a backend without the fused epilogue: its fp32 product plus the residual, rounded once
     c = kern(a, b, out_dtype=torch.float64 if a.dtype == torch.float64 else torch.float32)
     return (c + residual.to(c.dtype)).to(out_dtype or a.dtype)
+
+
+def _fused_gemv(op: str, x: torch.Tensor, b: torch.Tensor, k: int, out_dtype, residual,
+                backend, **kw) -> torch.Tensor:
+    """Checks and selection shared by the fused decode gemvs; x [M, *] with M <= 16."""
+    _check.tensor("x", x, ndim=2, dtypes=_check.FLOAT_OR_FP64)
+    _check.tensor("b", b, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
+    if out_dtype is not None:
+        _out_dtype(out_dtype)
+    if x.shape[0] > GEMV_MAX_M:
+        raise ValueError(f"x: {op} takes at most {GEMV_MAX_M} rows, got {x.shape[0]}")
+    formats = {"x": fmt(x.dtype), "b": fmt(b.dtype), "c": fmt(out_dtype or x.dtype)}
+    if residual is not None:
+        _check.tensor("residual", residual, dtypes=(x.dtype,), shape=(x.shape[0], b.shape[0]),
+                      device=x.device)
+    kern = select("gemm", op, device=x.device, formats=formats, backend=backend,
+                  traits={"residual": True} if residual is not None else None)
+    return kern(x, *kw.pop("args"), b, out_dtype=out_dtype, residual=residual, **kw)
+
+
+def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, b: torch.Tensor, *,
+                 eps: float = 1e-6, out_dtype: torch.dtype | None = None,
+                 residual: torch.Tensor | None = None,
+                 backend: str | None = None) -> torch.Tensor:
+    """c = norm.rmsnorm(x, norm_weight, eps) @ b.T (+ residual) in one launch (decode rows).
+
+    The normed x is rounded to x.dtype before the product, as the unfused pair rounds it, so
+    both agree to the product's rounding. x: [M, K] with M <= 16, fp32/fp16/bf16.
+    norm_weight: [K] float, x's device. b: [N, K], x's dtype and device. eps: positive.
+    out_dtype: dtype of c (default x.dtype). residual: optional [M, N] (x's dtype), added to
+    the fp32 product before the one rounding to out_dtype. Returns c [M, N].
+
+    >>> import torch, tskernels
+    >>> tskernels.gemm.rmsnorm_gemv(torch.full((1, 4), 3.0), torch.ones(4), torch.ones(2, 4))
+    tensor([[4., 4.]])
+    """
+    _check.tensor("x", x, ndim=2, dtypes=_check.FLOAT_OR_FP64)
+    _check.tensor("norm_weight", norm_weight, ndim=1, dtypes=_check.FLOAT_OR_FP64,
+                  shape=(x.shape[1],), device=x.device)
+    _eps(eps)
+    return _fused_gemv("rmsnorm_gemv", x, b, x.shape[1], out_dtype, residual, backend,
+                       args=(norm_weight,), eps=float(eps))
+
+
+def silu_mul_gemv(x: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None,
+                  residual: torch.Tensor | None = None,
+                  backend: str | None = None) -> torch.Tensor:
+    """c = activation.silu_and_mul(x) @ b.T (+ residual) in one launch (decode rows): a gated
+    MLP's down projection over its gate|up output.
+
+    silu(gate) * up is rounded to x.dtype before the product, as the unfused pair rounds it.
+    x: [M, 2K] (gate half first) with M <= 16, fp32/fp16/bf16. b: [N, K], x's dtype and
+    device. out_dtype / residual: as `gemv`. Returns c [M, N].
+
+    >>> import torch, tskernels
+    >>> tskernels.gemm.silu_mul_gemv(torch.zeros(1, 4), torch.ones(3, 2))
+    tensor([[0., 0., 0.]])
+    """
+    _check.tensor("x", x, ndim=2, dtypes=_check.FLOAT_OR_FP64)
+    if x.shape[1] % 2:
+        raise ValueError(f"x: expected an even last dimension (gate and up halves), got "
+                         f"{tuple(x.shape)}")
+    return _fused_gemv("silu_mul_gemv", x, b, x.shape[1] // 2, out_dtype, residual, backend,
+                       args=())
 
 
 def fp8_block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,

@@ -40,3 +40,13 @@ def quantize_fp8_per_channel(x, *, eps):
 @register("gemm", "quantize_fp8_per_tensor", **REF)
 def quantize_fp8_per_tensor(x, scale, *, eps):
     return ref.quantize_fp8_per_tensor(x, scale, eps=eps)
+
+
+@register("gemm", "rmsnorm_gemv", **REF, traits={"residual": (False, True)})
+def rmsnorm_gemv(x, norm_weight, b, *, eps, out_dtype=None, residual=None):
+    return ref.rmsnorm_gemv(x, norm_weight, b, eps=eps, out_dtype=out_dtype, residual=residual)
+
+
+@register("gemm", "silu_mul_gemv", **REF, traits={"residual": (False, True)})
+def silu_mul_gemv(x, b, *, out_dtype=None, residual=None):
+    return ref.silu_mul_gemv(x, b, out_dtype=out_dtype, residual=residual)

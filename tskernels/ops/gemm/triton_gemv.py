@@ -152,6 +152,11 @@ CDNA_STREAM_CONFIGS = {
 # 4.90 -> 4.81 ms on the B=1 Llama decode step; fp8 launches at M <= 16 were 2-21 % slower
 # with it (M = 64: 0.5-3.5 % faster), so fp8 keeps plain launches.
 USE_PDL = True
+# the 16-bit PDL launches of `gemv` through triton_gemv_fused's early-stream kernel (first
+# weight tile issued before griddepcontrol.wait, dependents triggered at program start), so
+# a chain of projections streams weights continuously. Off until timed on the H200
+# (benchmarks/s15_gemv_gpu.py); the fused rmsnorm_gemv / silu_mul_gemv always stream early.
+EARLY_STREAM = False
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
 # and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
 # (benchmarks/gemm_decode_ab.py, M = 1): half the K splits on Llama-3-8B's o (13.6 -> 11.2 us)
@@ -295,6 +300,11 @@ def _gemv(a, b, *, out_dtype=None, residual=None):
         return out
     if a.shape[1] == 0:
         return out.zero_() if residual is None else out.copy_(residual)
+    if EARLY_STREAM and _pdl(a.device):
+        from . import triton_gemv_fused
+        return triton_gemv_fused.fused_stream_mm(_k_major(a), _k_major(b), out,
+                                                 prologue=triton_gemv_fused.PRO_NONE,
+                                                 residual=residual)
     return stream_mm(_k_major(a), _k_major(b), out, residual=residual)
 
 
