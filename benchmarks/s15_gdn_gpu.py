@@ -1,0 +1,243 @@
+"""Lab script (issue 23, GDN chunked prefill speed): the run-verified "fused" WY pipeline (the
+old default) vs the "wy64" variant (the chunk's K K^T, W and U as 64-row wgmma products) vs
+flash-linear-attention 0.6.0's chunk_gated_delta_rule, all in one process.
+
+Stage 1: the GPU tests of the prefill variants (tests/kernels/test_gdn.py: the wy64 tests and
+the launch-variant test) under a timeout. Stage 2 (a child process under the rest of the
+budget, so a hang cannot eat it): Qwen3-Next-80B-A3B's GDN shapes (16 key heads, 32 value
+heads, K = V = 128, bf16, fp32 state, q/k L2 norm in the kernel) at T = 4k / 16k / 64k and
+varlen 8 x 4k. Ours first (every variant, CUDA events, 3 warm-up calls, median of 12, two
+input sets rotated: each set is > 50 MB, beyond L2), each new variant's o / final state
+against the old default's (rel rms, rel max); a torch.profiler per-kernel device-time table at
+T = 16k for old and new; then FLA: its first call autotunes several kernels (> 70 s before),
+so it is warmed shape by shape in increasing size with a log line when each warm-up ends, and
+skipped (ours still reported) when the budget runs out. JSON: $OUT/s15_gdn.json, rewritten
+after every step; a short table last.
+
+    python benchmarks/s15_gdn_gpu.py $OUT 230        # OUT, total seconds budget
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = "tests/kernels/test_gdn.py"
+TEST_K = "wy64 or launch_variants or unknown_variant"
+SHAPES = [{"T": 4096, "N": 1}, {"T": 16384, "N": 1}, {"T": 65536, "N": 1}, {"T": 32768, "N": 8}]
+OLD = {"variant": "fused"}
+NEW = [{"variant": "wy64"}, {"variant": "wy64", "wy_warps": 4},
+       {"variant": "wy64", "state_stages": 4}]
+PROFILE_SHAPE = {"T": 16384, "N": 1}
+ITERS = 12
+FLA_WHEELS = [".whl/fla_core-0.6.0-py3-none-any.whl",
+              ".whl/flash_linear_attention-0.6.0-py3-none-any.whl"]
+FLA_DIR = "/tmp/fla"
+
+
+def _text(x) -> str:
+    """A timed-out child's captured output (bytes even with text=True)."""
+    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+
+def _env() -> dict:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def _pytest(limit: float) -> dict:
+    t0 = time.time()
+    # parallel workers where pytest-xdist is installed: the Triton compiles dominate
+    par = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE", *par,
+                            "-p", "no:cacheprovider", TESTS, "-k", TEST_K], capture_output=True,
+                           text=True, timeout=limit, cwd=ROOT, env=_env())
+        tail, rc = (p.stdout + p.stderr)[-3000:], p.returncode
+    except subprocess.TimeoutExpired as e:
+        tail, rc = _text(e.stdout)[-3000:], "timeout"
+    print(f"pytest -k '{TEST_K}': rc {rc} in {time.time() - t0:.0f} s\n{tail[-1200:]}",
+          flush=True)
+    return dict(k=TEST_K, rc=rc, seconds=round(time.time() - t0, 1), tail=tail)
+
+
+# ---- stage 2 (child process) ------------------------------------------------------------------
+def _name(tuning: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in tuning.items())
+
+
+def _rel(a, b) -> dict:
+    import torch
+    a, b = a.double(), b.double()
+    return {"rel_rms": (a - b).norm().item() / max(b.norm().item(), 1e-30),
+            "rel_max": (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)}
+
+
+def _median_us(fn, sets) -> float:
+    from tskernels.bench.core import time_fn
+    return statistics.median(time_fn(fn, sets, "cuda", iters=ITERS, warmup=3))
+
+
+def _profile(fn, d) -> str:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn(d)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(3):
+            fn(d)
+        torch.cuda.synchronize()
+    ka = p.key_averages()
+    try:
+        return ka.table(sort_by="device_time_total", row_limit=14)
+    except Exception:  # older torch names it cuda time
+        return ka.table(sort_by="cuda_time_total", row_limit=14)
+
+
+def _install_fla() -> str | None:
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--target", FLA_DIR, *FLA_WHEELS], check=True, cwd=ROOT, timeout=60,
+                       capture_output=True, text=True)
+    except Exception as e:  # noqa: BLE001 - FLA is the baseline, not the subject
+        return f"pip install of FLA failed: {e}"
+    sys.path.insert(0, FLA_DIR)
+    return None
+
+
+def child(out: Path, deadline: float) -> int:
+    import torch
+
+    import tskernels
+    from tskernels.bench.cases import gdn as cases
+    spec = next(k for k in tskernels.kernels("gdn", "chunk_prefill") if k.backend == "triton")
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shapes": [],
+           "device": torch.cuda.get_device_name(), "iters": ITERS, "profile": {}}
+    path = out / "s15_gdn.json"
+    save = lambda: path.write_text(json.dumps(res, indent=1))  # noqa: E731
+
+    def ours(tuning):
+        return lambda d: spec.fn(d["q"], d["k"], d["v"], d["g"], d["beta"],
+                                 cu_seqlens=d["cu_seqlens"], use_qk_l2norm=True, tuning=tuning)
+
+    data = {}
+    for shape in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        sets = [cases._make_prefill(shape, "cuda", gen) for _ in range(2)]
+        data[_name(shape)] = sets
+        row = {"shape": shape, "ours": {}, "check": {}}
+        want_o, want_s = ours(OLD)(sets[0])
+        for tun in [OLD, *NEW]:
+            t0 = time.time()
+            try:
+                if tun is not OLD:
+                    o, s = ours(tun)(sets[0])
+                    row["check"][_name(tun)] = {"o": _rel(o, want_o), "state": _rel(s, want_s)}
+                us = _median_us(ours(tun), sets)
+                row["ours"][_name(tun)] = {"us": round(us, 1),
+                                           "Mtok/s": round(shape["T"] / us, 3)}
+            except Exception as e:  # noqa: BLE001 - report, go on with the next variant
+                row["ours"][_name(tun)] = {"error": repr(e)[:400]}
+            print(f"ours {_name(shape)} {_name(tun)}: {row['ours'][_name(tun)]} "
+                  f"{row['check'].get(_name(tun), '')} ({time.time() - t0:.1f} s)", flush=True)
+        res["shapes"].append(row)
+        save()
+    d16 = data[_name(PROFILE_SHAPE)][0]
+    for tun in (OLD, NEW[0]):
+        res["profile"][f"ours {_name(tun)}"] = _profile(ours(tun), d16)
+        print(f"== ours {_name(tun)}, T=16384 ==\n{res['profile'][f'ours {_name(tun)}']}",
+              flush=True)
+    save()
+    _table(res)
+
+    err = _install_fla()
+    if err or cases._fla() is None:
+        res["fla_error"] = err or "fla.ops.gated_delta_rule did not import"
+        print(res["fla_error"], flush=True)
+        save()
+        return 0
+    for row in res["shapes"]:  # warm (autotune) in increasing size
+        left = deadline - time.time()
+        if left < 25:
+            print(f"FLA: {left:.0f} s left, not warming {_name(row['shape'])}", flush=True)
+            break
+        t0 = time.time()
+        try:
+            cases._fla_prefill(data[_name(row["shape"])][0])
+            torch.cuda.synchronize()
+            row["fla_warm_s"] = round(time.time() - t0, 1)
+            print(f"FLA autotune/warm-up done for {_name(row['shape'])} in {row['fla_warm_s']} s",
+                  flush=True)
+            try:
+                o, s = cases._fla_prefill(data[_name(row["shape"])][0])
+                want_o, want_s = ours(OLD)(data[_name(row["shape"])][0])
+                row["check"]["fla_vs_old"] = {"o": _rel(o[0], want_o),
+                                              "state": _rel(s, want_s)}
+            except Exception as e:  # noqa: BLE001 - a layout mismatch must not lose the time
+                row["check"]["fla_vs_old"] = {"error": repr(e)[:300]}
+            us = _median_us(cases._fla_prefill, data[_name(row["shape"])])
+            row["fla"] = {"us": round(us, 1), "Mtok/s": round(row["shape"]["T"] / us, 3)}
+            for k, v in row["ours"].items():
+                if "us" in v:
+                    v["vs_fla"] = round(us / v["us"], 3)
+        except Exception as e:  # noqa: BLE001
+            row["fla"] = {"error": repr(e)[:400]}
+        print(f"FLA {_name(row['shape'])}: {row.get('fla')}", flush=True)
+        save()
+    if deadline - time.time() > 10 and "us" in res["shapes"][1].get("fla", {}):
+        res["profile"]["fla"] = _profile(cases._fla_prefill, d16)
+        print(f"== fla, T=16384 ==\n{res['profile']['fla']}", flush=True)
+        save()
+    _table(res)
+    return 0
+
+
+def _table(res: dict) -> None:
+    print("\nshape            variant                          us     Mtok/s  vs FLA  "
+          "o rel_rms vs old")
+    for row in res["shapes"]:
+        fla = row.get("fla", {})
+        for k, v in [*row["ours"].items(), ("FLA 0.6.0", fla)]:
+            if "us" not in v:
+                print(f"{_name(row['shape']):<16} {k:<30} {v.get('error', '-')[:60]}")
+                continue
+            chk = row["check"].get(k if k != "FLA 0.6.0" else "fla_vs_old", {}).get("o", {})
+            rr = f"{chk['rel_rms']:.2e}" if chk else "-"
+            print(f"{_name(row['shape']):<16} {k:<30} {v['us']:>8.1f} {v['Mtok/s']:>8.2f}  "
+                  f"{v.get('vs_fla', '-')!s:>6}  {rr}")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
+        sys.path.insert(0, str(ROOT))
+        return child(Path(sys.argv[2]), float(sys.argv[3]))
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/out"))
+    budget = float(sys.argv[2]) if len(sys.argv) > 2 else 230.0
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    tests = _pytest(min(60.0, budget * 0.3))
+    (out / "s15_gdn_tests.json").write_text(json.dumps(tests, indent=1))
+    left = budget - (time.time() - start) - 5
+    deadline = time.time() + left
+    try:
+        subprocess.run([sys.executable, __file__, "--child", str(out), str(deadline - 3)],
+                       timeout=left, cwd=ROOT, env=_env())
+    except subprocess.TimeoutExpired:
+        print(f"stage 2 hit its {left:.0f} s limit (JSON holds what finished)", flush=True)
+    try:
+        _table(json.loads((out / "s15_gdn.json").read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"no stage 2 results: {e!r}")
+    print(f"total {time.time() - start:.0f} s; tests rc {tests['rc']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
