@@ -21,10 +21,14 @@ previous kernel drains. The dependents' own wait covers everything this kernel w
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from autotune import backend_options
 
 from ...compile import CompileCase
 from . import triton_gemv as tg
@@ -173,7 +177,7 @@ def fused_stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prol
         BN=cfg["BN"], BK=cfg["BK"], MP=tg.mpad(m), MR=_mr(m), SPLIT=split > 1,
         HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PRO=prologue,
         EARLY=early, PDL=pdl, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
-        **({"launch_pdl": True} if pdl else {}))
+        **backend_options(cfg), **({"launch_pdl": True} if pdl else {}))
     return out
 
 
@@ -202,6 +206,13 @@ def compile_cases(prologues: tuple[int, ...]) -> list[CompileCase]:
                 aligned=aligned, targets=tg._PDL_TARGETS if pdl else tg._NVIDIA_TARGETS,
                 label=f"{name} M<={mr if pro == PRO_RMSNORM else 16} split"
                       f"{' +res' if res else ''}{' pdl early' if pdl else ''}"))
+    # CDNA: the plain launch at triton_gemv's per-arch streaming configs (heuristic, not run)
+    cases += [dataclasses.replace(
+        c, constexprs=dict(c.constexprs, BN=acfg["BN"], BK=acfg["BK"]),
+        num_warps=acfg["num_warps"], num_stages=acfg["num_stages"], targets=(arch,),
+        options=tuple(backend_options(acfg).items()), label=f"{c.label} {arch}")
+        for arch, acfg in tg.CDNA_STREAM_CONFIGS.items() for c in list(cases)
+        if not c.constexprs["PDL"]]
     return cases
 
 
