@@ -32,7 +32,8 @@ TESTS = "tests/kernels/test_gdn.py"
 TEST_K = "wy64 or launch_variants or unknown_variant"
 SHAPES = [{"T": 4096, "N": 1}, {"T": 16384, "N": 1}, {"T": 65536, "N": 1}, {"T": 32768, "N": 8}]
 OLD = {"variant": "fused"}
-NEW = [{"variant": "wy64"}, {"variant": "wy64", "wy_warps": 4},
+NEW = [{"variant": "wy64"}, {"variant": "wy64", "wy_diag_x4": False},
+       {"variant": "wy64", "wy_warps": 4, "wy_diag_x4": False},
        {"variant": "wy64", "state_stages": 4}]
 PROFILE_SHAPE = {"T": 16384, "N": 1}
 ITERS = 12

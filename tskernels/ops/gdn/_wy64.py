@@ -5,9 +5,10 @@ tensor-core product 64 rows tall, so that sm_90 lowers it to wgmma instead of 16
 1. A = K K^T for the whole chunk is one [64, 128] x [128, 64] product, scaled by
    beta_i e^(G_i - G_j) and masked to j < i, then written in fp32 to a per-(chunk, head)
    scratch tile;
-2. the solve reads A back as 16 x 16 blocks (forward substitution on the four diagonal blocks,
-   the block-triangular merge, all in fp32 FMA math, as the fused kernel does) and writes T over
-   A in the same tile;
+2. the solve reads A back as 16 x 16 blocks and writes T over A in the same tile: forward
+   substitution on the four diagonal blocks at once (one [4, 16, 16] tile: one 14-step chain
+   instead of the fused kernel's four in a row), then the block-triangular merge, all in fp32
+   FMA math as in the fused kernel;
 3. T is read back whole and W, U are two [64, 64] x [64, 128] products.
 
 The scratch round trip (16 KB per program, written and re-read by the same CTA, so it stays in
@@ -29,8 +30,8 @@ BC = tl.constexpr(16)  # sub-block of the in-chunk solve
 
 @triton.jit
 def _inv_unit_lower16(a, o):
-    """(I + a)^-1 for a strictly lower-triangular [BC, BC] fp32 tile, by forward substitution:
-    row i of N = T - I is -a_i + sum_(j<i) (-a_ij) N_j (rows 0 and 1 are -a's)."""
+    """(I + a)^-1 for one strictly lower-triangular [BC, BC] fp32 tile (as `_inv_unit_lower_x4`
+    for one block)."""
     n = -a
     for i in range(2, BC):
         row = tl.sum(tl.where((o == i)[:, None], -a, 0.0), 0)
@@ -38,6 +39,22 @@ def _inv_unit_lower16(a, o):
         row = row + tl.sum(row[:, None] * n, 0)
         n = tl.where((o == i)[:, None], row[None, :], n)
     return n + (o[:, None] == o[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _inv_unit_lower_x4(a, o):
+    """(I + a_b)^-1 for the four strictly lower-triangular [BC, BC] fp32 tiles a[b] (the
+    chunk's diagonal blocks) at once, by forward substitution: row i of N = T - I is
+    -a_i + sum_(j<i) (-a_ij) N_j. One 14-step chain for all four blocks (the fused kernel runs
+    four such chains one after the other)."""
+    n = -a
+    for i in range(2, BC):
+        sel = (o == i)[None, :, None]
+        row = tl.sum(tl.where(sel, -a, 0.0), 1)              # [4, BC]: row i of each -a_b
+        row = tl.where((o < i)[None, :], row, 0.0)
+        row = row + tl.sum(row[:, :, None] * n, 1)
+        n = tl.where(sel, row[:, None, :], n)
+    return n + (o[:, None] == o[None, :]).to(tl.float32)[None, :, :]
 
 
 @triton.jit
@@ -73,8 +90,10 @@ def _put(sp, i: tl.constexpr, j: tl.constexpr, o, x):
 @triton.jit
 def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, w_ptr, u_ptr, N,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True):
-    """One program per (chunk, value head). a_ptr: fp32 scratch [max_chunks, HV, BT, BT]."""
+                 LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True,
+                 DIAG_X4: tl.constexpr = True):
+    """One program per (chunk, value head). a_ptr: fp32 scratch [max_chunks, HV, BT, BT].
+    DIAG_X4: the four diagonal blocks solved as one [4, 16, 16] tile (else one by one)."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
@@ -107,26 +126,44 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     tl.debug_barrier()
 
     # 2. T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
-    # T_ij = -T_ii sum_(j <= m < i) A_im T_mj; the upper blocks stay A's zeros
-    t00 = _inv_unit_lower16(_blk(sp, 0, 0, o), o)
-    t11 = _inv_unit_lower16(_blk(sp, 1, 1, o), o)
-    t22 = _inv_unit_lower16(_blk(sp, 2, 2, o), o)
-    t33 = _inv_unit_lower16(_blk(sp, 3, 3, o), o)
+    # T_ij = -T_ii sum_(j <= m < i) A_im T_mj; the upper blocks stay A's zeros.
+    # The diagonal blocks are solved together as one [4, 16, 16] tile and go back to the
+    # scratch (their A is no longer needed), to be read again as the merge's 2-D operands.
+    ob = tl.arange(0, 4)
+    diag = sp + (ob[:, None, None] * BC + o[None, :, None]) * BT + ob[:, None, None] * BC \
+        + o[None, None, :]
+    a10 = _blk(sp, 1, 0, o)
+    a20 = _blk(sp, 2, 0, o)
     a21 = _blk(sp, 2, 1, o)
-    a32 = _blk(sp, 3, 2, o)
+    a30 = _blk(sp, 3, 0, o)
     a31 = _blk(sp, 3, 1, o)
-    t10 = -_mm32(t11, _mm32(_blk(sp, 1, 0, o), t00))
+    a32 = _blk(sp, 3, 2, o)
+    if DIAG_X4:
+        td = _inv_unit_lower_x4(tl.load(diag, cache_modifier=".cg"), o)
+        tl.debug_barrier()
+        tl.store(diag, td)
+        tl.debug_barrier()
+        t00 = _blk(sp, 0, 0, o)
+        t11 = _blk(sp, 1, 1, o)
+        t22 = _blk(sp, 2, 2, o)
+        t33 = _blk(sp, 3, 3, o)
+    else:  # four chains in a row, as the fused kernel (fewer registers)
+        t00 = _inv_unit_lower16(_blk(sp, 0, 0, o), o)
+        t11 = _inv_unit_lower16(_blk(sp, 1, 1, o), o)
+        t22 = _inv_unit_lower16(_blk(sp, 2, 2, o), o)
+        t33 = _inv_unit_lower16(_blk(sp, 3, 3, o), o)
+        tl.debug_barrier()
+        _put(sp, 0, 0, o, t00)
+        _put(sp, 1, 1, o, t11)
+        _put(sp, 2, 2, o, t22)
+        _put(sp, 3, 3, o, t33)
+    t10 = -_mm32(t11, _mm32(a10, t00))
     t21 = -_mm32(t22, _mm32(a21, t11))
     t32 = -_mm32(t33, _mm32(a32, t22))
-    t20 = -_mm32(t22, _mm32(_blk(sp, 2, 0, o), t00) + _mm32(a21, t10))
+    t20 = -_mm32(t22, _mm32(a20, t00) + _mm32(a21, t10))
     t31 = -_mm32(t33, _mm32(a31, t11) + _mm32(a32, t21))
-    t30 = -_mm32(t33, _mm32(_blk(sp, 3, 0, o), t00) + _mm32(a31, t10) + _mm32(a32, t20))
-    # every A block is read before any T block overwrites it
-    tl.debug_barrier()
-    _put(sp, 0, 0, o, t00)
-    _put(sp, 1, 1, o, t11)
-    _put(sp, 2, 2, o, t22)
-    _put(sp, 3, 3, o, t33)
+    t30 = -_mm32(t33, _mm32(a30, t00) + _mm32(a31, t10) + _mm32(a32, t20))
+    # (the off-diagonal A blocks were read before the barrier above)
     _put(sp, 1, 0, o, t10)
     _put(sp, 2, 1, o, t21)
     _put(sp, 3, 2, o, t32)

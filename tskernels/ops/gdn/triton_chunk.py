@@ -325,7 +325,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
 
     tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
     default DEFAULT_VARIANT), "state_bv", "state_stages", "wy_warps", "wy_reload",
-    "out_warps"})."""
+    "wy_diag_x4" (wy64), "out_warps"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
                                           q.device)
@@ -363,6 +363,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
         _wy64_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, scratch, w, u, num_seqs,
                                        HK=hk, HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                        RELOAD_K=tuning.get("wy_reload", True),
+                                       DIAG_X4=tuning.get("wy_diag_x4", True),
                                        num_warps=tuning.get("wy_warps", WY64_WARPS), **amd)
         del scratch
     elif max_chunks:
@@ -405,9 +406,10 @@ def _cases():
         # 1.37x faster than the spill-free 8-warp launch (benchmarks/RESULTS.md, issue 23)
         CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=True), num_warps=4,
                     uses_dot=True, narrow_dot=True, label="wy"),
-        # the "wy64" variant: K K^T, W and U as 64-row products (wgmma on sm_90); 8 warps:
-        # 170 registers on sm_90, no spill (4 warps: 255 and 48 bytes spilled)
-        CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True),
+        # the "wy64" variant: K K^T, W and U as 64-row products (wgmma on sm_90). 8 warps, no
+        # spill: 203 registers on sm_90 with the [4, 16, 16] diagonal solve, 168 without (4
+        # warps spill: 168 / 28 bytes)
+        CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True, DIAG_X4=True),
                     num_warps=WY64_WARPS, uses_dot=True, label="wy64"),
         CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
                     uses_dot=True, label="state"),
