@@ -105,6 +105,7 @@ def _single(kind: str):
 def stage_kernels(roof: float) -> dict:
     import tskernels
     from tskernels.ops.gemm import triton_gemv as tg
+    from tskernels.ops.gemm import triton_gemv_fused as tf
     g = torch.Generator(device="cuda").manual_seed(0)
     gemv = tskernels.gemm.gemv
     rows = []
@@ -126,7 +127,8 @@ def stage_kernels(roof: float) -> dict:
                              TBps={key: round(wb / v / 1e6, 3) for key, v in us.items()}))
             print(f"{name:8s} M={m:2d}: {us}", flush=True)
             del sets
-    # the layer chain: qkv, o (+res), gate-up, down (+res)
+    # the layer chain: qkv, o (+res), gate-up, down (+res). fused: the fused ops stream early,
+    # o is the shipped PDL gemv; fused_early: o streams early too; fused_not_early: neither
     chain = []
     wbytes = (QKV * D + D * D + 2 * INTER * D + D * INTER) * 2
     for m in (1, 16):
@@ -149,6 +151,7 @@ def stage_kernels(roof: float) -> dict:
             gu = tskernels.gemm.rmsnorm_gemv(h, d["ln2"], d["gu"], eps=EPS, backend="triton")
             return qkv, tskernels.gemm.silu_mul_gemv(gu, d["down"], residual=h, backend="triton")
         us = dict(old=_time(old, sets, 100), fused=_time(new, sets, 100),
+                  fused_not_early=_time(_with(tf, "EARLY_FUSED", False, new), sets, 100),
                   fused_early=_time(_with(tg, "EARLY_STREAM", True, new), sets, 100),
                   old_nopdl=_time(_with(tg, "USE_PDL", False, old), sets, 100))
         chain.append(dict(M=m, weight_MB=round(wbytes / 1e6, 1),

@@ -52,7 +52,7 @@ def _workspace_clean(device) -> None:
     assert int(cnt.abs().sum()) == 0 and float(ws.abs().sum()) == 0.0
 
 
-@settings(max_examples=10 if not ON_GPU else 24, deadline=None)
+@settings(max_examples=10 if not ON_GPU else 12, deadline=None)  # GPU: compiles dominate
 @given(op=st.sampled_from(["rmsnorm", "silu_mul"]), m=st.integers(1, 16),
        n=st.integers(1, MAX_N), k=st.integers(1, MAX_K), dtype=st.sampled_from(DTYPES),
        residual=st.booleans(), out_dtype=st.sampled_from([None, torch.float32]),

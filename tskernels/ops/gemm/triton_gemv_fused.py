@@ -34,6 +34,9 @@ from ...compile import CompileCase
 from . import triton_gemv as tg
 
 PRO_NONE, PRO_RMSNORM, PRO_SILU_MUL = 0, 1, 2
+# the fused ops' early stream (first weight tile before the PDL wait); a module switch so the
+# lab script can time the prologue fusion with and without it
+EARLY_FUSED = True
 # elements of x per sum-of-squares tile (rows x columns; 32 float32 per thread at 4 warps)
 _SS_TILE = tl.constexpr(4096)
 
@@ -159,10 +162,12 @@ def _mr(m: int) -> int:
 
 def fused_stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prologue: int,
                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                    residual: torch.Tensor | None = None, early: bool = True,
+                    residual: torch.Tensor | None = None, early: bool | None = None,
                     config: dict | None = None) -> torch.Tensor:
     """out[:M] = pro(x) @ w.T (+ residual), M <= 16, 16-bit x / w. K = w.shape[1]; x [M, K]
-    (or [M, 2K] for PRO_SILU_MUL) with unit K stride; out / residual [M, N], unit N stride."""
+    (or [M, 2K] for PRO_SILU_MUL) with unit K stride; out / residual [M, N], unit N stride.
+    early: the first weight tile ahead of the rest (default: EARLY_FUSED on PDL launches,
+    where it goes before the wait; elsewhere it only reorders the loop)."""
     m = x.shape[0]
     n, k = w.shape
     cfg, split, k_split = tg.plan(m, n, k, False, x.device, config)
@@ -176,7 +181,8 @@ def fused_stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prol
         r.stride(0), k_split, float(eps),
         BN=cfg["BN"], BK=cfg["BK"], MP=tg.mpad(m), MR=_mr(m), SPLIT=split > 1,
         HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PRO=prologue,
-        EARLY=early, PDL=pdl, num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
+        EARLY=(EARLY_FUSED and pdl) if early is None else early, PDL=pdl,
+        num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
         **backend_options(cfg), **({"launch_pdl": True} if pdl else {}))
     return out
 
