@@ -1,15 +1,16 @@
-"""Lab script (issue 20, the later turn's TTFT): split-KV in the CUDA paged extend
-(attention.extend.cuda_paged, `splits`), old launch (splits=1) vs new (splits chosen by the
-plan, plus a few forced counts) in one process.
+"""Lab script (issue 20, the later turn's TTFT): split-KV and GQA packing in the CUDA paged
+extend (attention.extend.cuda_paged, plan options `splits`, `gqa_pack`), old launch (splits=1,
+no packing) vs new in one process: "new" = splits chosen by the plan, "pack" = GQA packing with
+splits chosen, "pack1" = packing unsplit, "sN" = N forced splits (unpacked).
 
-Stage 1: the GPU tests of the paged extend (the split tests first, then the rest of the file),
+Stage 1: the GPU tests of the paged extend (the split / pack tests first, then the rest),
 each under a timeout. Stage 2 (a child process under a timeout, so a hung kernel cannot eat the
 budget): Llama-3-8B's attention shape (32 q heads, 8 KV heads, head dim 128, bf16, 16-slot
 pages, permuted page table) for one layer: 50,800 cached + 800 new, 51,000 + 16, 51,000 + 128,
 a 4-request batch, and a plain 4k prefill (no prefix: must not regress). CUDA-graph replay
 (tskernels.bench.core.time_fn), medians; the 4k prefill rotates 3 input sets (> L2), the long
 prefixes' caches alone are 4x L2. Per shape: us, TFLOP/s (causal FLOPs actually needed), the
-split count, max |new - old| and each against an fp32 reference (the 4k prefill's reference is
+split count, max |x - old| and each against an fp32 reference (the 4k prefill's reference is
 fp32 SDPA). JSON: $OUT/s15_extend.json; a short table last.
 
     python benchmarks/s15_extend_gpu.py $OUT 140        # OUT, total seconds budget
@@ -36,11 +37,16 @@ FORCED = (2, 4, 8, 16)  # extra split counts timed on the single-request long-pr
 
 
 def _pytest(args, limit) -> dict:
+    """pytest -m gpu over TESTS under a timeout; 4 xdist workers when xdist is there (the
+    float64 references run on the host), each with 4 CPU threads."""
+    import importlib.util
     t0 = time.time()
+    if importlib.util.find_spec("xdist"):
+        args = ["-n", "4", *args]
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE",
                             "-p", "no:cacheprovider", TESTS, *args], capture_output=True,
-                           text=True, timeout=limit)
+                           text=True, timeout=limit, env={**os.environ, "OMP_NUM_THREADS": "4"})
         tail, rc = (p.stdout + p.stderr)[-1500:], p.returncode
     except subprocess.TimeoutExpired as e:
         tail, rc = _text(e.stdout)[-1500:], "timeout"
@@ -118,11 +124,11 @@ def stage2(out_dir: str, deadline: float) -> int:
             continue
         sets = 3 if max(prefixes) == 0 else 1
         indptr, pt, seq, data = _problem(prefixes, news, gen, sets)
-        mk = lambda s: CudaExtendPlan(indptr, pt, seq, num_q_heads=HQ, num_kv_heads=HKV,  # noqa
-                                      head_dim=D, page_size=PAGE, q_dtype=torch.bfloat16,
-                                      kv_dtype=torch.bfloat16, scale=D ** -0.5, paged=True,
-                                      splits=s)
-        plans = {"old": mk(1), "new": mk(None)}
+        mk = lambda s, pk=False: CudaExtendPlan(  # noqa: E731
+            indptr, pt, seq, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=PAGE,
+            q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, scale=D ** -0.5, paged=True,
+            splits=s, gqa_pack=pk)
+        plans = {"old": mk(1), "new": mk(None), "pack": mk(None, True), "pack1": mk(1, True)}
         if len(news) == 1 and prefixes[0] > 0:
             for s in FORCED:
                 plans[f"s{s}"] = mk(s)
@@ -138,7 +144,8 @@ def stage2(out_dir: str, deadline: float) -> int:
                                 data, "cuda", iters=20, graph=True))
             med = us[len(us) // 2]
             row["variants"][key] = dict(
-                splits=plan.splits, items=plan.num_blocks * HQ, us=round(med, 1),
+                splits=plan.splits, gqa_pack=plan.gqa_pack,
+                ctas=plan.num_blocks * plan.ctas_per_item, us=round(med, 1),
                 tflops=round(flops / med / 1e6, 1),
                 max_abs_vs_old=float((outs[key] - outs["old"]).abs().max()),
                 max_abs_vs_fp32=float((outs[key] - ref).abs().max()),
@@ -146,8 +153,9 @@ def stage2(out_dir: str, deadline: float) -> int:
             if time.time() > deadline - 5:
                 break
         v = row["variants"]
-        if "new" in v:
-            row["speedup_new_vs_old"] = round(v["old"]["us"] / v["new"]["us"], 3)
+        for key in ("new", "pack"):
+            if key in v:
+                row[f"speedup_{key}_vs_old"] = round(v["old"]["us"] / v[key]["us"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del data, outs, ref, plans
@@ -165,7 +173,7 @@ def main() -> int:
     t0 = time.time()
     res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                command=f"python benchmarks/s15_extend_gpu.py $OUT {budget:g}")
-    res["tests_split"] = _pytest(["-k", "split"], min(50, budget * 0.35))
+    res["tests_split"] = _pytest(["-k", "split or pack"], min(55, budget * 0.38))
     # the unsplit launch's deterministic tests (its cubin is unchanged by the split build)
     res["tests_rest"] = _pytest(["-k", "edges or named"], min(35, budget * 0.25))
     left = budget - (time.time() - t0) - 3
@@ -184,18 +192,19 @@ def main() -> int:
         print(log[-1500:])
     print(f"tests: split rc {res['tests_split']['rc']}, rest rc {res['tests_rest']['rc']}; "
           f"timing rc {res['timing_rc']}; {time.time() - t0:.0f} s")
-    print(f"{'shape':<22}{'old us':>9}{'new us':>9}{'S':>3}{'TF/s o/n':>11}{'x':>6}"
-          f"{'|n-o|':>9}{'|n-ref|':>9}  forced splits us")
+    print("us (split count) TFLOP/s; err = max |x - fp32 ref| over old / new / pack / pack1")
+    print(f"{'shape':<21}{'old':>14}{'new':>14}{'pack':>14}{'pack1':>14}  err  forced us")
     for r in res["rows"]:
         v = r.get("variants", {})
-        if "new" not in v:
-            print(f"{r['shape']:<22} {r.get('skipped', 'incomplete')}")
+        if "pack1" not in v:
+            print(f"{r['shape']:<21} {r.get('skipped', 'incomplete')}")
             continue
-        o, n = v["old"], v["new"]
+        cell = lambda x: f"{x['us']:.0f}({x['splits']}){x['tflops']:.0f}"  # noqa: E731
+        err = max(v[k]["max_abs_vs_fp32"] for k in ("old", "new", "pack", "pack1"))
         forced = " ".join(f"{k[1:]}:{x['us']:.0f}" for k, x in v.items() if k[0] == "s")
-        print(f"{r['shape']:<22}{o['us']:>9.1f}{n['us']:>9.1f}{n['splits']:>3}"
-              f"{o['tflops']:>5.0f}/{n['tflops']:<5.0f}{r['speedup_new_vs_old']:>6.2f}"
-              f"{n['max_abs_vs_old']:>9.1e}{n['max_abs_vs_fp32']:>9.1e}  {forced}")
+        print(f"{r['shape']:<21}" + "".join(f"{cell(v[k]):>14}" for k in
+                                            ("old", "new", "pack", "pack1")) +
+              f"  {err:.0e}  {forced}")
     return 0
 
 

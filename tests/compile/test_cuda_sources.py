@@ -94,8 +94,12 @@ TMA = re.compile(r"cp\.async\.bulk\.tensor\.2d")
 PREFILL_CONFIGS = [(128, 3, False, False), (128, 3, True, False), (128, 2, False, False),
                    (64, 4, False, False), (128, 3, False, True), (128, 3, True, True),
                    (64, 4, False, True), (128, 2, False, True)]
-# the paged split-KV build (-DSPLIT: partial O / LSE into the workspace)
-PREFILL_SPLIT_CONFIGS = [(128, 3, False, True), (128, 3, True, True), (64, 4, False, True)]
+# paged builds with split-KV (-DSPLIT: partial O / LSE into the workspace) and / or GQA
+# packing (-DPACK: rows = (token, head-in-group) pairs): (block_n, stages, fp16, options)
+PREFILL_PAGED_VARIANTS = [(128, 3, False, ("-DSPLIT",)), (128, 3, True, ("-DSPLIT",)),
+                          (64, 4, False, ("-DSPLIT",)), (128, 3, False, ("-DPACK",)),
+                          (128, 3, False, ("-DPACK", "-DSPLIT")),
+                          (64, 4, True, ("-DPACK", "-DSPLIT"))]
 
 
 def _build_sm90a(src, opts, tmp: Path) -> tuple[str, dict]:
@@ -135,14 +139,14 @@ def test_cuda_prefill_compiles(tmp_path):
         spec = next(k for k in tskernels.kernels() if k.name == name)
         assert spec.verification.compiled == frozenset({"sm_90"})
     rows = []
-    configs = [(*c, False) for c in PREFILL_CONFIGS] + \
-        [(*c, True) for c in PREFILL_SPLIT_CONFIGS]
-    for bn, stages, fp16, paged, split in configs:
-        opts = cuda_extend.nvcc_options(fp16, stages, bn, ("-DSPLIT",) if split else (), paged)
+    configs = [(*c, ()) for c in PREFILL_CONFIGS] + \
+        [(bn, st, fp16, True, extra) for bn, st, fp16, extra in PREFILL_PAGED_VARIANTS]
+    for bn, stages, fp16, paged, extra in configs:
+        opts = cuda_extend.nvcc_options(fp16, stages, bn, extra, paged)
         text, r = _build_sm90a(cuda_extend.SOURCE, opts, tmp_path)
         r.update(kernel="prefill_wgmma", block_n=bn, stages=stages, fp16=fp16, paged=paged,
                  wgmma=bool(WGMMA.search(text)), tma=bool(TMA.search(text)),
-                 **({"split": True} if split else {}))
+                 **({"options": " ".join(extra)} if extra else {}))
         rows.append(r)
         assert r["wgmma"] and r["tma"] and r["sass_wgmma"] and r["sass_tma"], r
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r

@@ -27,15 +27,20 @@ def test_tile_ranges_values():
 
 
 @given(n=st.integers(1, 300), pre=st.integers(0, 20000), splits=st.integers(1, 80),
-       bm=st.sampled_from([128]), bn=st.sampled_from([64, 128]))
-def test_split_work_covers_each_block_and_every_row_sees_a_key(n, pre, splits, bm, bn):
-    work = sp.split_work([n], [pre], splits, bm, bn)
+       group=st.sampled_from([1, 3, 4, 16]), bn=st.sampled_from([64, 128]))
+def test_split_work_covers_each_block_and_every_row_sees_a_key(n, pre, splits, group, bn):
+    """group > 1: GQA-packed rows (token, head-in-group), row r at position pre + r // group."""
+    bm = 128
+    work = sp.split_work([n], [pre], splits, bm, bn, group)
     lengths = [t1 - t0 for _, _, t0, t1, _ in work]
     assert lengths == sorted(lengths, reverse=True)  # longest first
-    for i in range(-(-n // bm)):
+    assert {j for _, j, *_ in work} == set(range(-(-n * group // bm)))
+    for i in range(-(-n * group // bm)):
         mine = sorted((t0, t1, k) for b, j, t0, t1, k in work if j == i)
-        m0, last = i * bm, min(i * bm + bm, n) - 1
-        n_tiles, first = (pre + last) // bn + 1, (pre + m0) // bn + 1
+        m0, last = i * bm, min(i * bm + bm, n * group) - 1
+        n_tiles = (pre + last // group) // bn + 1
+        first = (pre + m0 // group) // bn + 1
+        m0 //= group  # the first row's token
         assert [k for *_, k in mine] == list(range(min(splits, first)))
         assert mine[0][0] == 0 and mine[-1][1] == n_tiles
         assert all(a[1] == b[0] for a, b in zip(mine, mine[1:]))  # contiguous
@@ -53,6 +58,13 @@ def test_split_work_batch():
     assert work[0][3] - work[0][2] == 20
 
 
+def test_blocks_of_packed():
+    """GQA packing by 4: 50 tokens are 200 rows, two blocks (tokens 0-31, 32-49)."""
+    assert sp.blocks_of([50], [1000], 128, 128, 4) == [(0, 0, 9, 8), (0, 1, 9, 9)]
+    assert sp.blocks_of([50], [100], 128, 64, 4) == [(0, 0, 3, 2), (0, 1, 3, 3)]
+    assert sp.blocks_of([2, 0], [5, 9], 128, 128, 16) == [(0, 0, 1, 1)]
+
+
 def test_estimated_time_counts_waves():
     blocks = [(0, 0, 100, 100)]
     one = sp.estimated_us(blocks, 132, 1, 132, 128)      # 132 items: one wave
@@ -68,7 +80,10 @@ def test_estimated_time_counts_waves():
 def test_choose_splits_on_issue_20_shapes():
     """Llama-3-8B (32 query heads) on 132 SMs: the later turn (800 over 50.8k) and short
     follow-ups (16 / 128 over 51k) split; a 4k / 2k prefill and a long batch stay unsplit."""
-    choose = lambda n, pre: sp.choose_splits(n, pre, 32, 132)  # noqa: E731
+    choose = lambda n, pre, g=1: sp.choose_splits(n, pre, 32, 132, group=g)  # noqa: E731
+    # GQA-packed (8 CTAs per block of 32 tokens x 4 heads): more splits for the short ones
+    assert choose([800], [50800], 4) == 5 and choose([16], [51000], 4) == 16
+    assert choose([128], [51000], 4) == 4 and choose([4096], [0], 4) == 1
     assert choose([800], [50800]) == 4
     assert choose([16], [51000]) == 4
     assert choose([128], [51000]) == 4
@@ -106,3 +121,29 @@ def test_merge_against_float64():
     w = torch.softmax(l64, dim=-1)
     truth = (w[..., None] * o64).sum(2)
     assert_close(out, truth, name="split merge")
+
+
+def test_plan_work_items_and_option_checks():
+    """The CUDA plan's host-side choice (cuda_extend._work_items, no device needed for forced
+    split counts): unsplit / split / GQA-packed work lists, and the options' clear errors."""
+    from tskernels.ops.attention.cuda_extend import _work_items, work_list
+    counts, pre = [300, 20], [0, 5000]
+    assert _work_items(True, 1, False, counts, pre, 8, 4, 128, "cpu") == \
+        (1, False, work_list(counts, prefixes=pre))
+    s, pack, work = _work_items(True, 3, False, counts, pre, 8, 4, 128, "cpu")
+    assert (s, pack) == (3, False) and work == sp.split_work(counts, pre, 3)
+    s, pack, work = _work_items(True, 1, True, counts, pre, 8, 4, 128, "cpu")
+    assert (s, pack) == (1, True)   # 1200 packed rows (10 blocks) + 80 (1 block)
+    assert sorted(work) == [(0, i) for i in range(10)] + [(1, 0)] and work[0] == (1, 0)
+    s, pack, work = _work_items(True, 2, True, counts, pre, 8, 4, 128, "cpu")
+    assert work == sp.split_work(counts, pre, 2, group=4)
+    with pytest.raises(ValueError, match="gqa_pack must be a bool"):
+        _work_items(True, 1, 1, counts, pre, 8, 4, 128, "cpu")
+    for bad in (dict(splits=2, gqa_pack=False), dict(splits=1, gqa_pack=True),
+                dict(splits=True, gqa_pack=False)):
+        with pytest.raises(ValueError, match="need the paged plan"):
+            _work_items(False, bad["splits"], bad["gqa_pack"], counts, [0, 0], 8, 4, 128,
+                        "cpu")
+    assert _work_items(False, None, False, [5], [0], 8, 4, 128, "cpu")[:2] == (1, False)
+    with pytest.raises(ValueError, match="splits must be"):
+        _work_items(True, 0, False, counts, pre, 8, 4, 128, "cpu")

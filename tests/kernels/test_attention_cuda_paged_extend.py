@@ -105,39 +105,46 @@ def _split_case(lens, new, page_size=16, hq=8, hkv=2, dtype=torch.bfloat16, seed
     return kv, indptr, q
 
 
-def _split_plan(kv, indptr, q, splits, tile=(128, 3)):
+def _split_plan(kv, indptr, q, splits, tile=(128, 3), gqa_pack=False):
     from tskernels.ops.attention.cuda_extend import CudaExtendPlan
     return CudaExtendPlan(indptr, kv.page_table, kv.seq_lens, num_q_heads=q.shape[1],
                           num_kv_heads=kv.k_cache.shape[2], head_dim=128,
                           page_size=kv.k_cache.shape[1], q_dtype=q.dtype, kv_dtype=q.dtype,
                           scale=128 ** -0.5, block_n=tile[0], stages=tile[1], paged=True,
-                          splits=splits)
+                          splits=splits, gqa_pack=gqa_pack)
 
 
 def _poison_used_partials(plan) -> int:
     """NaN into every workspace row the kernel must write (so a row it skips shows); returns
-    the largest split count a block got."""
+    the largest split count a block got. A block's rows are tokens x all heads, or with GQA
+    packing (token, head-in-group) pairs r -> (r // group, kv * group + r % group)."""
     work = plan.work.view(-1, 5).tolist()
     ptr = plan.qo_indptr.tolist()
+    g = plan.group if plan.gqa_pack else 1
     most = 0
     for b, i, _, _, k in work:
         most = max(most, k + 1)
-        tok = torch.arange(ptr[b] + 128 * i, min(ptr[b] + 128 * (i + 1), ptr[b + 1]))
-        rows = ((tok[:, None] * plan.hq + torch.arange(plan.hq)) * plan.splits + k).flatten()
-        plan.partial_o[rows.cuda()] = float("nan")
-        plan.partial_lse[rows.cuda()] = float("nan")
+        r = torch.arange(128 * i, min(128 * (i + 1), (ptr[b + 1] - ptr[b]) * g))
+        heads = (torch.arange(plan.hkv)[None, :] * g + r[:, None] % g) if g > 1 else \
+            torch.arange(plan.hq)[None, :].expand(len(r), -1)
+        tok = ptr[b] + r // g
+        rows = ((tok[:, None] * plan.hq + heads) * plan.splits + k).flatten()
+        rows = rows.to(plan.partial_o.device)
+        plan.partial_o[rows] = float("nan")
+        plan.partial_lse[rows] = float("nan")
     return most
 
 
-def _check_split(lens, new, splits, tile=(128, 3), **kw):
+def _check_split(lens, new, splits, tile=(128, 3), gqa_pack=False, **kw):
     kv, indptr, q = _split_case(lens, new, **kw)
-    plan = _split_plan(kv, indptr, q, splits, tile)
-    assert plan.splits == splits
-    most = _poison_used_partials(plan)
+    plan = _split_plan(kv, indptr, q, splits, tile, gqa_pack)
+    assert plan.splits == splits and plan.gqa_pack == gqa_pack
+    most = _poison_used_partials(plan) if splits > 1 else 1
     out = poisoned_like(q)
     assert plan.run(q, kv.k_cache, kv.v_cache, out=out) is out
     truth, same = ref_extend(q, kv, indptr)
-    assert_close(out, truth, baseline=same, name=f"cuda paged split {splits} {lens} {new} {tile}")
+    assert_close(out, truth, baseline=same,
+                 name=f"cuda paged split {splits} pack {gqa_pack} {lens} {new} {tile}")
     return most
 
 
@@ -192,7 +199,29 @@ def test_cuda_paged_split_rejections():
             _split_plan(kv, indptr, q, bad)
     from tskernels.ops.attention.cuda_extend import CudaExtendPlan
     kv2, indptr2, _ = _split_case([40, 70], [40, 70])
-    with pytest.raises(ValueError, match="splits > 1 needs the paged plan"):
+    with pytest.raises(ValueError, match="need the paged plan"):
         CudaExtendPlan(indptr2, kv2.page_table, kv2.seq_lens, num_q_heads=8, num_kv_heads=2,
                        head_dim=128, page_size=16, q_dtype=torch.bfloat16,
                        kv_dtype=torch.bfloat16, scale=0.1, splits=2)
+
+
+@needs_hopper
+@pytest.mark.parametrize("splits", [1, 3, 64])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 2), (4, 4), (16, 1)])
+def test_cuda_paged_gqa_pack_matches_reference(splits, hq, hkv):
+    """GQA packing (-DPACK, rows = (token, head-in-group) pairs), unsplit and split: groups of
+    4, 3 (a token's heads straddle two blocks), 1 and 16, a ragged batch over prefixes 0 /
+    short / long, single tokens; the 64-key tile too for groups of 4."""
+    for tile in ((128, 3), (64, 4)) if hq == 4 * hkv else ((128, 3),):
+        most = _check_split([300, 150, 3000, 1, 40], [300, 20, 200, 1, 33], splits, tile,
+                            gqa_pack=True, hq=hq, hkv=hkv)
+        assert most == min(splits, 2800 // tile[0] + 1)
+
+
+@needs_hopper
+def test_cuda_paged_gqa_pack_boundaries_fp16():
+    """Packed one-tile splits up to the diagonal, 256-slot pages, fp16."""
+    for lens, new in (([1280 + 64], [64]), ([2000], [300]), ([700], [16])):
+        n_first = (lens[0] - new[0]) // 128 + 1
+        _check_split(lens, new, n_first, page_size=256, hq=8, hkv=2, dtype=torch.float16,
+                     gqa_pack=True)

@@ -17,7 +17,10 @@ the host: no device work, no sync).
 Split-KV (paged plans, `splits`): work items (request, query block, key split) write fp32
 partial rows + LSE to a workspace allocated with the plan, merged into `out` by
 ops/shared/split_kv.py's merge kernel (the split count and tile ranges: ops/shared/
-extend_split.py). Off by default (DEFAULT_SPLITS = 1: the unsplit launch) until its GPU run.
+extend_split.py). GQA packing (paged plans, `gqa_pack`, -DPACK): a block's rows are (token,
+head-in-group) pairs of one KV head, so short extends fill the 128-row tile and each K/V tile is
+read once per group. Both off by default (DEFAULT_SPLITS = 1, DEFAULT_GQA_PACK = False: the
+launch before them, same cubin) until their GPU run.
 
 Verification: the GPU tier runs it on the H200 (tests/kernels/test_attention_cuda_extend.py);
 tests/compile/test_cuda_sources.py builds it with nvcc and checks the wgmma in its code.
@@ -48,6 +51,9 @@ LOG2E = 1.4426950408889634
 # (ops/shared/extend_split.py, choose_splits). Switch to None once the GPU run verified the
 # split path.
 DEFAULT_SPLITS: int | None = 1
+# GQA packing in the paged plan when the caller names none (False: one query head per CTA, the
+# launch before packing; True once its GPU run verified it).
+DEFAULT_GQA_PACK = False
 
 
 def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
@@ -100,18 +106,20 @@ class CudaExtendPlan(PlanBase):
     host here, `run` neither synchronises nor allocates given `out`)."""
 
     KERNEL = "attention.extend.cuda"
-    REPR_FIELDS = ('paged', 'hq', 'hkv', 'num_blocks', 'block_n', 'splits')
+    REPR_FIELDS = ('paged', 'hq', 'hkv', 'num_blocks', 'block_n', 'splits', 'gqa_pack')
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
                  sliding_window=None, softcap=None, stages=STAGES, block_n=BLOCK_N, extra=(),
-                 paged=False, splits="default"):
+                 paged=False, splits="default", gqa_pack="default"):
         """paged: read K/V from the paged cache (any cached prefix; page sizes 8-256, powers
         of two) instead of from the new tokens' own k / v (no prefix).
         splits (paged only): key splits per query block (split-KV, ops/shared/extend_split.py):
         1 = the unsplit launch, an int up to 64 = that many (fewer for blocks with fewer
         tiles), None = chosen from the lengths; "default" = DEFAULT_SPLITS. The plan's
-        `splits` is the count it launches with."""
+        `splits` is the count it launches with.
+        gqa_pack (paged only): GQA packing, a block's rows are (token, head-in-group) pairs of
+        one KV head (-DPACK); "default" = DEFAULT_GQA_PACK."""
         if head_dim != HEAD_DIM:
             raise ValueError(f"CUDA extend: head_dim {HEAD_DIM} only, got {head_dim}")
         if q_dtype not in (torch.bfloat16, torch.float16) or kv_dtype != q_dtype:
@@ -148,27 +156,19 @@ class CudaExtendPlan(PlanBase):
         self.q_dtype, self.scale = q_dtype, scale
         self.num_rows = ptr[-1] if ptr else 0
         prefixes = [L - n for n, L in zip(counts, lens)]
-        if splits == "default":
-            splits = DEFAULT_SPLITS
-        if not paged:  # the contiguous kernel has no split build
-            if splits is not None and (isinstance(splits, bool) or splits != 1):
-                raise ValueError(f"CUDA extend: splits > 1 needs the paged plan, got {splits!r}")
-            splits = 1
-        else:
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count \
-                if splits is None else 0
-            splits = split_kv.resolve_splits(splits, counts, prefixes, num_q_heads, sms,
-                                             BLOCK_M, block_n)
-        self.splits = splits
-        if splits > 1:
-            work = split_kv.split_work(counts, prefixes, splits, BLOCK_M, block_n)
+        self.splits, self.gqa_pack, work = _work_items(
+            paged, DEFAULT_SPLITS if splits == "default" else splits,
+            DEFAULT_GQA_PACK if gqa_pack == "default" else gqa_pack, counts, prefixes,
+            num_q_heads, self.group, block_n, dev)
+        if self.splits > 1:
             self.partial_o, self.partial_lse = split_kv.workspace(self.num_rows, num_q_heads,
-                                                                  splits, dev)
+                                                                  self.splits, dev)
             extra = (*extra, "-DSPLIT")
-        else:
-            work = work_list(counts, prefixes=prefixes)
+        if self.gqa_pack:
+            extra = (*extra, "-DPACK")
         self.num_blocks = len(work)  # work items (blocks x their splits when split)
-        width = 5 if splits > 1 else 2
+        self.ctas_per_item = num_kv_heads if self.gqa_pack else num_q_heads
+        width = 5 if self.splits > 1 else 2
         self.work = torch.tensor(work or [(0,) * width], dtype=torch.int32,
                                  device=dev).reshape(-1)
         self.block_n = block_n
@@ -216,10 +216,33 @@ class CudaExtendPlan(PlanBase):
         if self.splits > 1:
             args += (c.c_uint64(self.partial_o.data_ptr()),
                      c.c_uint64(self.partial_lse.data_ptr()), c.c_int(self.splits))
-        _launch(self._fn, self.num_blocks * self.hq, self._smem, q.device, args)
+        _launch(self._fn, self.num_blocks * self.ctas_per_item, self._smem, q.device, args)
         if self.splits > 1:
             split_kv.merge(self.partial_o, self.partial_lse, o, self.splits)
         return o
+
+
+def _work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, device):
+    """(split count, GQA packing, work items) of a plan: (request, query block) pairs when
+    unsplit, (request, query block, t0, t1, split index) when split (extend_split.py)."""
+    if not isinstance(gqa_pack, bool):
+        raise ValueError(f"CUDA extend: gqa_pack must be a bool, got {gqa_pack!r}")
+    if not paged:  # the contiguous kernel has neither a split nor a packed build
+        if splits is not None and (isinstance(splits, bool) or splits != 1) or gqa_pack:
+            raise ValueError(f"CUDA extend: splits > 1 and gqa_pack need the paged plan, got "
+                             f"splits={splits!r}, gqa_pack={gqa_pack}")
+        return 1, False, work_list(counts, prefixes=prefixes)
+    g = group if gqa_pack else 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count \
+        if splits is None else 0
+    splits = split_kv.resolve_splits(splits, counts, prefixes, hq, sms, BLOCK_M, block_n, g)
+    if splits > 1:
+        return splits, gqa_pack, split_kv.split_work(counts, prefixes, splits, BLOCK_M,
+                                                     block_n, g)
+    if gqa_pack:
+        return 1, True, [w[:2] for w in split_kv.split_work(counts, prefixes, 1, BLOCK_M,
+                                                            block_n, g)]
+    return 1, False, work_list(counts, prefixes=prefixes)
 
 
 def check_cache_args(plan, q, k_cache, v_cache) -> None:

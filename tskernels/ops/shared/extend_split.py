@@ -32,17 +32,22 @@ AUTO_GAIN = 0.92           # split only when the model predicts at least 8 % les
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 
 
-def blocks_of(counts, prefixes, block_m: int, block_n: int) -> list[tuple[int, int, int, int]]:
+def blocks_of(counts, prefixes, block_m: int, block_n: int,
+              group: int = 1) -> list[tuple[int, int, int, int]]:
     """(request, query block, key tiles, first-row tiles) of every query block: the block sees
-    keys 0 .. prefix + its last row (`key tiles` of block_n), and `first-row tiles` is the
-    count of tiles up to the one holding its first row's position (every split must start at
-    or below it, so that each row of each split sees a key)."""
+    keys 0 .. prefix + its last row's token (`key tiles` of block_n), and `first-row tiles` is
+    the count of tiles up to the one holding its first row's position (every split must start
+    at or below it, so that each row of each split sees a key). group > 1: GQA packing, a
+    request's rows are its counts[b] * group (token, head-in-group) pairs, row r at token
+    r // group."""
     out = []
     for b, (n, pre) in enumerate(zip(counts, prefixes)):
-        for i in range(-(-n // block_m)):
+        rows = n * group
+        for i in range(-(-rows // block_m)):
             m0 = i * block_m
-            last = min(m0 + block_m, n) - 1
-            out.append((b, i, (pre + last) // block_n + 1, (pre + m0) // block_n + 1))
+            last = min(m0 + block_m, rows) - 1
+            out.append((b, i, (pre + last // group) // block_n + 1,
+                        (pre + m0 // group) // block_n + 1))
     return out
 
 
@@ -58,11 +63,12 @@ def tile_ranges(n_tiles: int, first_row_tiles: int, splits: int) -> list[tuple[i
     return list(zip(starts, starts[1:] + [n_tiles]))
 
 
-def split_work(counts, prefixes, splits: int, block_m: int = 128,
-               block_n: int = 128) -> list[tuple[int, int, int, int, int]]:
+def split_work(counts, prefixes, splits: int, block_m: int = 128, block_n: int = 128,
+               group: int = 1) -> list[tuple[int, int, int, int, int]]:
     """(request, query block, t0, t1, split index) work items, the longest first (the hardware
-    starts CTAs in grid order: longest-first packs the SMs best)."""
-    work = [(b, i, t0, t1, k) for b, i, nt, fr in blocks_of(counts, prefixes, block_m, block_n)
+    starts CTAs in grid order: longest-first packs the SMs best); group: see blocks_of."""
+    work = [(b, i, t0, t1, k)
+            for b, i, nt, fr in blocks_of(counts, prefixes, block_m, block_n, group)
             for k, (t0, t1) in enumerate(tile_ranges(nt, fr, splits))]
     work.sort(key=lambda w: -(w[3] - w[2]))
     return work
@@ -73,15 +79,17 @@ def workspace_bytes(num_tokens: int, hq: int, splits: int, head_dim: int = 128) 
     return num_tokens * hq * splits * (head_dim + 1) * 4
 
 
-def estimated_us(blocks, hq: int, splits: int, num_sms: int, num_tokens: int) -> float:
-    """A model of the launch time (us): work items start in longest-first order one per SM,
-    each wave lasting as long as its first (longest) item, plus the merge's stream of the
-    partials when split."""
+def estimated_us(blocks, heads: int, splits: int, num_sms: int, num_tokens: int,
+                 hq: int | None = None) -> float:
+    """A model of the launch time (us): `heads` CTAs per block and split (query heads, or KV
+    heads when GQA-packed) start in longest-first order one per SM, each wave lasting as long
+    as its first (longest) item, plus the merge's stream of the partials (num_tokens x hq rows,
+    hq default heads) when split."""
     lengths: dict[float, int] = {}
     for _, _, nt, fr in blocks:
         for t0, t1 in tile_ranges(nt, fr, splits):
             key = t1 - t0 + ITEM_OVERHEAD_TILES
-            lengths[key] = lengths.get(key, 0) + hq
+            lengths[key] = lengths.get(key, 0) + heads
     total, pos, nxt = 0.0, 0, 0  # items placed; the next wave starts at item `nxt`
     for length in sorted(lengths, reverse=True):
         cnt = lengths[length]
@@ -91,37 +99,38 @@ def estimated_us(blocks, hq: int, splits: int, num_sms: int, num_tokens: int) ->
         pos += cnt
     us = total * TILE_US
     if splits > 1:
-        us += MERGE_LAUNCH_US + workspace_bytes(num_tokens, hq, splits) * 1.25 / MERGE_BW * 1e6
+        rows = workspace_bytes(num_tokens, hq or heads, splits)
+        us += MERGE_LAUNCH_US + rows * 1.25 / MERGE_BW * 1e6
     return us
 
 
 def choose_splits(counts, prefixes, hq: int, num_sms: int, block_m: int = 128,
-                  block_n: int = 128) -> int:
+                  block_n: int = 128, group: int = 1) -> int:
     """The plan's split count when none is forced: 1 for grids of AUTO_MAX_WAVES waves or more
     (a 4k prefill is 1024 CTAs: splitting would only add the merge), else the candidate with
     the least modelled time when it beats one split by 1 - AUTO_GAIN, within the workspace cap
-    and the merge grid's token limit."""
-    blocks = blocks_of(counts, prefixes, block_m, block_n)
-    T = sum(counts)
-    if not blocks or hq * len(blocks) >= AUTO_MAX_WAVES * num_sms or T > MAX_MERGE_TOKENS:
+    and the merge grid's token limit. group > 1: GQA-packed blocks (hq // group CTAs each)."""
+    blocks = blocks_of(counts, prefixes, block_m, block_n, group)
+    T, heads = sum(counts), hq // group
+    if not blocks or heads * len(blocks) >= AUTO_MAX_WAVES * num_sms or T > MAX_MERGE_TOKENS:
         return 1
     most = max(fr for *_, fr in blocks)
-    base = estimated_us(blocks, hq, 1, num_sms, T)
+    base = estimated_us(blocks, heads, 1, num_sms, T, hq)
     best, best_us = 1, base
     for s in CANDIDATES[1:]:
         if s > most or workspace_bytes(T, hq, s) > WORKSPACE_CAP:
             break
-        us = estimated_us(blocks, hq, s, num_sms, T)
+        us = estimated_us(blocks, heads, s, num_sms, T, hq)
         if us < best_us:
             best, best_us = s, us
     return best if best_us < AUTO_GAIN * base else 1
 
 
 def resolve_splits(splits, counts, prefixes, hq: int, num_sms: int, block_m: int = 128,
-                   block_n: int = 128) -> int:
+                   block_n: int = 128, group: int = 1) -> int:
     """splits: None (choose), or a count 1 .. MAX_SPLITS (1: the unsplit launch)."""
     if splits is None:
-        return choose_splits(counts, prefixes, hq, num_sms, block_m, block_n)
+        return choose_splits(counts, prefixes, hq, num_sms, block_m, block_n, group)
     if isinstance(splits, bool) or not isinstance(splits, int) or \
             not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"CUDA paged extend: splits must be None (choose) or an int in "

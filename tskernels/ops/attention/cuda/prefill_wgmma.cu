@@ -29,7 +29,11 @@
 // 128], the layout ops/shared/split_kv.py merges); the host keeps every tile that needs the
 // causal mask in a request's last split and starts each split at or below the block's first
 // query position, so every row of every split sees at least one key (compile-verified until
-// its GPU run). Shared helpers and the wgmma wrappers: hopper_common.cuh.
+// its GPU run). PAGED + PACK (with or without SPLIT) packs GQA: a block's 128 rows are
+// (token, head-in-group) pairs of one KV head (row r = token * group + g: 128 / group tokens),
+// one work item per (block, KV head), so a short extend fills the tile and each K/V tile is
+// read once per group; positions (masking) are pre + row / group (compile-verified until its
+// GPU run). Shared helpers and the wgmma wrappers: hopper_common.cuh.
 
 #ifndef STAGES
 #define STAGES 3                   // 226 KB with BN = 128
@@ -61,6 +65,15 @@
 #endif
 
 #include "hopper_common.cuh"
+
+#ifdef PACK
+#if !defined(PAGED) || defined(DIRECT_STORE)
+#error "PACK needs PAGED and the shared-memory epilogue"
+#endif
+#define GRP group                  // query rows per token in a block (GQA packing)
+#else
+#define GRP 1
+#endif
 
 // the key tile's logits and the P V product (hopper_common.cuh)
 #if BN == 64
@@ -137,24 +150,29 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
 
     const int pid = blockIdx.x;
+#ifdef PACK
+    const int hkv = hq / group, kvh = pid % hkv, wi = pid / hkv, h = kvh * group;  // h: row 0's
+#else
     const int h = pid % hq, wi = pid / hq, kvh = h / group;
+#endif
 #ifdef SPLIT
     // (request, query block, first tile, end tile, split index)
     const int b = work[5 * wi], m0 = work[5 * wi + 1] * BM, t0 = work[5 * wi + 2];
 #else
     const int b = work[2 * wi], m0 = work[2 * wi + 1] * BM, t0 = 0;
 #endif
-    const int q_start = qo_indptr[b], n = qo_indptr[b + 1] - q_start;
+    const int q_start = qo_indptr[b], n_tok = qo_indptr[b + 1] - q_start;
+    const int n = n_tok * GRP;                    // the request's query rows
 #ifdef PAGED
-    const int pre = seq_lens[b] - n;              // cached prefix: query i sits at pre + i
+    const int pre = seq_lens[b] - n_tok;          // cached prefix: query i sits at pre + i
 #else
     const int pre = 0;
 #endif
     const int last = min(m0 + BM, n) - 1;         // last query row of the block (local)
 #ifdef SPLIT
-    const int n_tiles = min(work[5 * wi + 3], (pre + last) / BN + 1);  // this split's end tile
+    const int n_tiles = min(work[5 * wi + 3], (pre + last / GRP) / BN + 1);  // split's end
 #else
-    const int n_tiles = (pre + last) / BN + 1;    // keys 0 .. pre + last
+    const int n_tiles = (pre + last / GRP) / BN + 1;  // keys 0 .. pre + last / GRP
 #endif
 
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -184,7 +202,8 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         // and each copies its own page parts (4 boxes each: K, V x two column halves); rows of
         // a last partial page go as 1-row boxes, one per lane
         if (tid < 32) {
-            const int L = pre + n, box = min(1 << page_shift, BN), pmask = (1 << page_shift) - 1;
+            const int L = pre + n_tok, box = min(1 << page_shift, BN);
+            const int pmask = (1 << page_shift) - 1;
             const int* pt = page_table + (long)b * pt_st;
             for (int jt = t0; jt < n_tiles; ++jt) {
                 const int lt = jt - t0, s = lt % STAGES;  // ring slots count from the split's start
@@ -237,7 +256,8 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
             int idx = tw + 128 * i, r = idx >> 4, ch = idx & 15;
             int row = m0 + 64 * w + r;
             bool ok = row < n;
-            const u16* p = qb + (long)(q_start + (ok ? row : 0)) * q_st + ch * 8;
+            const int tok = ok ? row / GRP : 0, g = ok ? row % GRP : 0;  // (token, head in group)
+            const u16* p = qb + (long)(q_start + tok) * q_st + (long)g * q_sh + ch * 8;
             cp_async16(swz(sq + (ch >> 3) * Q_HALF, 64 * w + r, ch & 7), p, ok ? 16 : 0);
         }
         cp_async_commit();
@@ -247,12 +267,16 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
     }
     const int wlast = min(m0 + 64 * w + 63, n - 1);  // this warpgroup's last valid row
 #ifdef SPLIT
-    const int n_vis = min((pre + wlast) / BN + 1, n_tiles);  // end of the tiles it sees
+    const int n_vis = min((pre + wlast / GRP) / BN + 1, n_tiles);  // end of the tiles it sees
 #else
-    const int n_vis = (pre + wlast) / BN + 1;         // tiles it sees (n_tiles or one less)
+    const int n_vis = (pre + wlast / GRP) / BN + 1;   // tiles it sees (n_tiles or one less)
 #endif
-    const int diag = (pre + m0 + 64 * w) / BN;        // first tile needing the causal mask
+    const int diag = (pre + (m0 + 64 * w) / GRP) / BN;  // first tile needing the causal mask
+#ifdef PACK
+    const int posA = pre + rowA / GRP, posB = pre + (rowA + 8) / GRP;  // the rows' positions
+#else
     const int posA = pre + rowA, posB = posA + 8;     // the rows' positions (keys they see)
+#endif
 
     float acc[64], s[BN / 2], mA = NEG_INF, mB = NEG_INF, lA = 0.f, lB = 0.f;
     u32 p[BN / 4];
@@ -360,7 +384,7 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
         const int sp = work[5 * wi + 4];
         const float ln2 = 0.6931471805599453f;
         if (rowA < n) {
-            const long r = ((long)(q_start + rowA) * hq + h) * splits + sp;
+            const long r = ((long)(q_start + rowA / GRP) * hq + h + rowA % GRP) * splits + sp;
             float* dst = part_o + r * HD + 2 * qc;
 #pragma unroll
             for (int i = 0; i < 16; ++i)
@@ -368,7 +392,8 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
             if (qc == 0) part_lse[r] = (mA + __log2f(LA)) * ln2;
         }
         if (rowA + 8 < n) {
-            const long r = ((long)(q_start + rowA + 8) * hq + h) * splits + sp;
+            const long r = ((long)(q_start + (rowA + 8) / GRP) * hq + h + (rowA + 8) % GRP) *
+                           splits + sp;
             float* dst = part_o + r * HD + 2 * qc;
 #pragma unroll
             for (int i = 0; i < 16; ++i)
@@ -411,12 +436,12 @@ prefill_wgmma_kernel(const __grid_constant__ TensorMap kmap,
 #pragma unroll
     for (int k = 0; k < 64 * 16 / 128; ++k) {
         const int idx = tw + 128 * k, r = idx >> 4, cc = idx & 15;
-        const int row = m0 + 64 * w + r;
+        const int row = m0 + 64 * w + r, tok = row / GRP, g = row % GRP;
         uint4 val;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                      : "r"(swz(sq + (cc >> 3) * Q_HALF, 64 * w + r, cc & 7)) : "memory");
-        if (row < n) *(uint4*)(ob + (long)(q_start + row) * o_st + cc * 8) = val;
+        if (row < n) *(uint4*)(ob + (long)(q_start + tok) * o_st + (long)g * o_sh + cc * 8) = val;
     }
 #endif
 #endif  // SPLIT
