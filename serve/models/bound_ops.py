@@ -1,7 +1,8 @@
 """The tskernels ops the models call, with the registry's choice bound once on the CPU.
 
 Which backends run is the engine's kernel policy (`tskernels.KernelPolicy`, entered by the model
-runner with `tskernels.use_backend(policy)`); this module holds no backend choice of its own.
+runner with `tskernels.use_backend(policy)`); this module holds no backend choice of its own
+but FUSED_BACKEND, the name the opt-in fused decode gemvs are called by while unverified.
 
 On a GPU these are the public ops as they are (decode steps replay CUDA graphs, where per-call
 validation and selection cost nothing). On the CPU a decode step makes ~300 op calls and the
@@ -24,6 +25,10 @@ _bound: dict[tuple, object] = {}
 # adds into their epilogues (serve.models.layers.DecoderLayer). Off until its GPU tier and the
 # serving A/B ran (benchmarks/s15_gemv_gpu.py); turning it on by default is this line.
 FUSE_DECODE_GEMV = False
+# the most rows that take the fused form (each program of rmsnorm_gemv reads its rows' whole
+# hidden vector: 128 KB of L2 reads per program at 16 bf16 rows; lower it if the lab script's
+# M = 16 rows lose to the unfused pair)
+FUSE_DECODE_MAX_M = 16
 # the fused kernels are named while they are not run-verified (the registry would pick the
 # reference for them); None once verified.json lists them (the registry's choice)
 FUSED_BACKEND: str | None = "triton"
@@ -78,7 +83,8 @@ def fuse_decode(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a decoder layer runs its norms / activation fused into its gemvs for rows x
     (FUSE_DECODE_GEMV, a GPU, at most gemm.GEMV_MAX_M rows, 16-bit, gemm.gemv taken there)."""
     return (FUSE_DECODE_GEMV and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
-            x.shape[0] <= tskernels.gemm.GEMV_MAX_M and _gemv_fits(x, w, None))
+            x.shape[0] <= min(FUSE_DECODE_MAX_M, tskernels.gemm.GEMV_MAX_M) and
+            _gemv_fits(x, w, None))
 
 
 def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor):
