@@ -1,7 +1,8 @@
 """GEMM: c = a @ b.T with weights in the nn.Linear layout b [N, K].
 
 bf16/fp16/fp32 `mm`, decode-shaped `gemv` (M <= 16, split-K kernels, optional fused residual
-add), and DeepSeek-V3 style block-scaled fp8 `fp8_block_mm` (1 x block activation scales,
+add) and its fused forms `rmsnorm_gemv` / `silu_mul_gemv` (the norm or gated activation before
+it computed on the activation tile), and DeepSeek-V3 style block-scaled fp8 `fp8_block_mm` (1 x block activation scales,
 block x block weight scales), with the fp8 (e4m3) quantizers that produce its operands:
 per-token-group (`quantize_fp8_per_token_group`, and `silu_and_mul_quantize_fp8` fused with
 a gated MLP's activation), per-row (`quantize_fp8_per_channel`), per-tensor
