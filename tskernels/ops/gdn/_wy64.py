@@ -29,9 +29,9 @@ BC = tl.constexpr(16)  # sub-block of the in-chunk solve
 
 
 @triton.jit
-def _inv_unit_lower16(a, o):
-    """(I + a)^-1 for one strictly lower-triangular [BC, BC] fp32 tile (as `_inv_unit_lower_x4`
-    for one block)."""
+def _inv_unit_lower(a, o):
+    """(I + a)^-1 for a strictly lower-triangular [BC, BC] fp32 tile, by forward substitution:
+    row i of N = T - I is -a_i + sum_(j<i) (-a_ij) N_j (rows 0 and 1 are -a's)."""
     n = -a
     for i in range(2, BC):
         row = tl.sum(tl.where((o == i)[:, None], -a, 0.0), 0)
@@ -42,11 +42,15 @@ def _inv_unit_lower16(a, o):
 
 
 @triton.jit
+def _mm(a, b):
+    """fp32 product of two small fp32 tiles, exact (no tf32 rounding)."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
 def _inv_unit_lower_x4(a, o):
-    """(I + a_b)^-1 for the four strictly lower-triangular [BC, BC] fp32 tiles a[b] (the
-    chunk's diagonal blocks) at once, by forward substitution: row i of N = T - I is
-    -a_i + sum_(j<i) (-a_ij) N_j. One 14-step chain for all four blocks (the fused kernel runs
-    four such chains one after the other)."""
+    """`_inv_unit_lower` for the four [BC, BC] tiles a[b] (the chunk's diagonal blocks) at
+    once: one 14-step chain for all four (the fused kernel runs four one after the other)."""
     n = -a
     for i in range(2, BC):
         sel = (o == i)[None, :, None]
@@ -58,18 +62,12 @@ def _inv_unit_lower_x4(a, o):
 
 
 @triton.jit
-def _mm32(a, b):
-    """fp32 product of two small fp32 tiles, exact (no tf32 rounding)."""
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _tc(a, b, IEEE: tl.constexpr):
-    """a @ b on the tensor cores; IEEE: fp32 tiles multiplied in full fp32 rather than tf32."""
+def _dot(a, b, acc=None, IEEE: tl.constexpr = False):
+    """a @ b (+ acc); IEEE: fp32 tiles multiplied in full fp32 rather than tf32."""
     if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b, acc, input_precision="ieee")
     else:
-        return tl.dot(a, b)
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -120,7 +118,7 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     # 1. A (masked rows and columns are zero keys: zero rows / columns of A)
     low = ot[:, None] > ot[None, :]
     decay = tl.exp(tl.where(low, G[:, None] - G[None, :], 0.0))  # masked: no overflow above
-    a = tl.where(low, _tc(kk, tl.trans(kk), PREC) * decay, 0.0) * b[:, None]
+    a = tl.where(low, _dot(kk, tl.trans(kk), IEEE=PREC) * decay, 0.0) * b[:, None]
     sp = a_ptr + (c.to(tl.int64) * HV + hv) * (BT * BT)
     tl.store(sp + ot[:, None] * BT + ot[None, :], a)
     tl.debug_barrier()
@@ -148,21 +146,21 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
         t22 = _blk(sp, 2, 2, o)
         t33 = _blk(sp, 3, 3, o)
     else:  # four chains in a row, as the fused kernel (fewer registers)
-        t00 = _inv_unit_lower16(_blk(sp, 0, 0, o), o)
-        t11 = _inv_unit_lower16(_blk(sp, 1, 1, o), o)
-        t22 = _inv_unit_lower16(_blk(sp, 2, 2, o), o)
-        t33 = _inv_unit_lower16(_blk(sp, 3, 3, o), o)
+        t00 = _inv_unit_lower(_blk(sp, 0, 0, o), o)
+        t11 = _inv_unit_lower(_blk(sp, 1, 1, o), o)
+        t22 = _inv_unit_lower(_blk(sp, 2, 2, o), o)
+        t33 = _inv_unit_lower(_blk(sp, 3, 3, o), o)
         tl.debug_barrier()
         _put(sp, 0, 0, o, t00)
         _put(sp, 1, 1, o, t11)
         _put(sp, 2, 2, o, t22)
         _put(sp, 3, 3, o, t33)
-    t10 = -_mm32(t11, _mm32(a10, t00))
-    t21 = -_mm32(t22, _mm32(a21, t11))
-    t32 = -_mm32(t33, _mm32(a32, t22))
-    t20 = -_mm32(t22, _mm32(a20, t00) + _mm32(a21, t10))
-    t31 = -_mm32(t33, _mm32(a31, t11) + _mm32(a32, t21))
-    t30 = -_mm32(t33, _mm32(a30, t00) + _mm32(a31, t10) + _mm32(a32, t20))
+    t10 = -_mm(t11, _mm(a10, t00))
+    t21 = -_mm(t22, _mm(a21, t11))
+    t32 = -_mm(t33, _mm(a32, t22))
+    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
+    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
+    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
     # (the off-diagonal A blocks were read before the barrier above)
     _put(sp, 1, 0, o, t10)
     _put(sp, 2, 1, o, t21)
@@ -178,10 +176,10 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     if RELOAD_K:
         kk = tl.load(kp, mask=m[:, None], other=0.0, cache_modifier=".ca")
     kw = (kk * (b * tl.exp(G))[:, None]).to(dt)
-    tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :], _tc(t, kw, PREC).to(dt),
+    tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :], _dot(t, kw, IEEE=PREC).to(dt),
              mask=m[:, None])
     # one [64, 128] fp32 accumulator live at a time (W's and U's together spilled at 4 warps)
     tl.debug_barrier()
     vp = rows[:, None] * (HV * V) + hv * V + ov[None, :]
     vb = (tl.load(v_ptr + vp, mask=m[:, None], other=0.0) * b[:, None]).to(dt)
-    tl.store(u_ptr + vp, _tc(t, vb, PREC).to(dt), mask=m[:, None])
+    tl.store(u_ptr + vp, _dot(t, vb, IEEE=PREC).to(dt), mask=m[:, None])

@@ -30,7 +30,7 @@ from .._common import TRITON
 from . import _tune
 from ..shared.ragged import block_offsets, locate_block, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
-from ._wy64 import _wy64_kernel
+from ._wy64 import _dot, _inv_unit_lower, _mm, _wy64_kernel
 
 # The WY launch a plain call gets: "fused" (`_wy_kernel`, 16-row products, run-verified) or
 # "wy64" (`_wy64_kernel`: the chunk's K K^T, W and U as 64-row products, wgmma on sm_90;
@@ -41,34 +41,6 @@ WY64_WARPS = 8
 
 BT = tl.constexpr(CHUNK)  # chunk length
 BC = tl.constexpr(16)  # sub-block of the in-chunk solve
-
-
-@triton.jit
-def _inv_unit_lower(a, o):
-    """(I + a)^-1 for a strictly lower-triangular [BC, BC] fp32 tile, by forward substitution:
-    row i of N = T - I is -a_i + sum_(j<i) (-a_ij) N_j (rows 0 and 1 are -a's)."""
-    n = -a
-    for i in range(2, BC):
-        row = tl.sum(tl.where((o == i)[:, None], -a, 0.0), 0)
-        row = tl.where(o < i, row, 0.0)
-        row = row + tl.sum(row[:, None] * n, 0)
-        n = tl.where((o == i)[:, None], row[None, :], n)
-    return n + (o[:, None] == o[None, :]).to(tl.float32)
-
-
-@triton.jit
-def _mm(a, b):
-    """fp32 product of two small fp32 tiles, exact (no tf32 rounding)."""
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _dot(a, b, acc=None, IEEE: tl.constexpr = False):
-    """a @ b (+ acc); IEEE: fp32 tiles multiplied in full fp32 rather than tf32."""
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit
