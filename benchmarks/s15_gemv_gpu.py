@@ -14,7 +14,7 @@ old vs new, and the serving A/B, in one device call (~120-150 s):
    weight bytes, the copy roofline measured in the same run.
 3. End to end: benchmarks/serve_ab.py on dummy:llama-3-8b at B=1 through CUDA graphs, fusion
    off vs on (bound_ops.FUSE_DECODE_GEMV + triton_gemv.EARLY_STREAM), each run bounded by
-   SERVE_S (45 s). ms/step.
+   SERVE_S (40 s). ms/step.
 
 JSON to $OUT/s15_gemv.json (and the tier's $OUT/gpu_tier_s15_gemv.json); short table last.
 """
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 TIER_S = int(os.environ.get("TIER_S", "40"))
-SERVE_S = int(os.environ.get("SERVE_S", "45"))
+SERVE_S = int(os.environ.get("SERVE_S", "40"))
 ROTATE_BYTES = 200 << 20
 EPS = 1e-5
 D, QKV, INTER = 4096, 6144, 14336
