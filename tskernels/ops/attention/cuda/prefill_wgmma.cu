@@ -66,6 +66,9 @@
 
 #include "hopper_common.cuh"
 
+#if defined(SPLIT) && !defined(PAGED)
+#error "SPLIT needs PAGED (the split work items and workspace are the paged kernel's)"
+#endif
 #ifdef PACK
 #if !defined(PAGED) || defined(DIRECT_STORE)
 #error "PACK needs PAGED and the shared-memory epilogue"
