@@ -225,3 +225,32 @@ def test_cuda_paged_gqa_pack_boundaries_fp16():
         n_first = (lens[0] - new[0]) // 128 + 1
         _check_split(lens, new, n_first, page_size=256, hq=8, hkv=2, dtype=torch.float16,
                      gqa_pack=True)
+
+
+@st.composite
+def split_problem(draw):
+    hkv = draw(st.integers(1, 3))
+    lens = draw(tst.seq_lens(max_batch=4, max_len=1500))
+    return dict(lens=lens, new=[draw(st.integers(0, n)) for n in lens],
+                page_size=draw(st.sampled_from([8, 16, 64, 256])), hkv=hkv,
+                hq=hkv * draw(st.sampled_from([1, 3, 4, 8])),
+                dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])),
+                tile=draw(st.sampled_from([(128, 3), (64, 4), (128, 2)])),
+                splits=draw(st.sampled_from([1, 2, 3, 5, 16, 64])),
+                gqa_pack=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@needs_hopper
+@pytest.mark.parametrize("shard", tst.shards())
+def test_cuda_paged_split_pack_property(shard):
+    """Drawn ragged batches (empty requests, prefixes 0 .. all but one token) through every
+    split count / packing / tile / page size combination (the GPU tier's full run; the lab
+    script runs the deterministic tests above)."""
+    def check(data):
+        c = data.draw(split_problem())
+        if sum(c["new"]) == 0:
+            return
+        _check_split(c["lens"], c["new"], c["splits"], c["tile"], c["gqa_pack"],
+                     page_size=c["page_size"], hq=c["hq"], hkv=c["hkv"], dtype=c["dtype"],
+                     seed=c["seed"])
+    tst.run_sharded(check, shard, data=st.data())
