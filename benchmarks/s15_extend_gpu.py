@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 TESTS = "tests/kernels/test_attention_cuda_paged_extend.py"
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DEV = "cuda"
