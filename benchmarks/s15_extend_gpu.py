@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the repo (also without the preamble's PYTHONPATH)
 TESTS = "tests/kernels/test_attention_cuda_paged_extend.py"
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DEV = "cuda"
@@ -47,7 +48,8 @@ def _pytest(args, limit) -> dict:
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE",
                             "-p", "no:cacheprovider", TESTS, *args], capture_output=True,
-                           text=True, timeout=limit, env={**os.environ, "OMP_NUM_THREADS": "4"})
+                           text=True, timeout=limit, cwd=ROOT,
+                           env={**os.environ, "OMP_NUM_THREADS": "4"})
         tail, rc = (p.stdout + p.stderr)[-1500:], p.returncode
     except subprocess.TimeoutExpired as e:
         tail, rc = _text(e.stdout)[-1500:], "timeout"
