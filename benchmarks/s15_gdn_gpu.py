@@ -34,8 +34,10 @@ TEST_K = [("launch_variants or pieces_equal_one_prefill_and or unknown_variant",
           ("wy64_prefill_matches", 35)]
 SHAPES = [{"T": 4096, "N": 1}, {"T": 16384, "N": 1}, {"T": 65536, "N": 1}, {"T": 32768, "N": 8}]
 OLD = {"variant": "fused"}
-NEW = [{"variant": "wy64"}, {"variant": "wy64", "wy_diag_x4": False},
-       {"variant": "wy64", "wy_warps": 4, "wy_diag_x4": False},
+NEW = [{"variant": "wy64"},                              # 8 warps, [4,16,16] solve, 64 cols
+       {"variant": "wy64", "wy_diag_x4": False},        # 128 regs: two CTAs per SM
+       {"variant": "wy64", "wy_warps": 4},
+       {"variant": "wy64", "wy_cols": 128},
        {"variant": "wy64", "state_stages": 4}]
 PROFILE_SHAPE = {"T": 16384, "N": 1}
 ITERS = 12

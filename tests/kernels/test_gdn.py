@@ -220,6 +220,7 @@ def test_decode_block_widths(kernel_device, block_v):
                                     {"variant": "wy64", "wy_warps": 4},
                                     {"variant": "wy64", "wy_reload": False},
                                     {"variant": "wy64", "wy_diag_x4": False},
+                                    {"variant": "wy64", "wy_cols": 16},
                                     {"variant": "wy64", "state_stages": 2}])
 def test_prefill_launch_variants(kernel_device, tuning):
     """The launch overrides the H200 sweep timed compute the same values."""

@@ -89,9 +89,11 @@ def _put(sp, i: tl.constexpr, j: tl.constexpr, o, x):
 def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, w_ptr, u_ptr, N,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True,
-                 DIAG_X4: tl.constexpr = True):
+                 DIAG_X4: tl.constexpr = True, KC: tl.constexpr = 64,
+                 VC: tl.constexpr = 64):
     """One program per (chunk, value head). a_ptr: fp32 scratch [max_chunks, HV, BT, BT].
-    DIAG_X4: the four diagonal blocks solved as one [4, 16, 16] tile (else one by one)."""
+    DIAG_X4: the four diagonal blocks solved as one [4, 16, 16] tile (else one by one).
+    KC / VC: W / U column pieces (powers of two dividing K / V)."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
@@ -104,7 +106,6 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     ot = tl.arange(0, BT)
     o = tl.arange(0, BC)
     ok = tl.arange(0, K)
-    ov = tl.arange(0, V)
     dt = k_ptr.dtype.element_ty
     rows = bos + t0 + ot
     m = t0 + ot < length
@@ -170,16 +171,24 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     _put(sp, 3, 0, o, t30)
     tl.debug_barrier()
 
-    # 3. W = T (beta e^G K), U = T (beta V): 64-row products in the activations' dtype.
-    # RELOAD_K: the keys are read again (L2 hits) rather than held live across the solve.
+    # 3. W = T (beta e^G K), U = T (beta V): 64-row products in the activations' dtype, in
+    # column pieces KC / VC wide (one piece's accumulator live at a time: 8 warps, 170 instead
+    # of 203 registers at 64). RELOAD_K: the keys are read again (L2 hits) rather than held
+    # live across the solve.
     t = tl.load(sp + ot[:, None] * BT + ot[None, :], cache_modifier=".cg").to(dt)
-    if RELOAD_K:
-        kk = tl.load(kp, mask=m[:, None], other=0.0, cache_modifier=".ca")
-    kw = (kk * (b * tl.exp(G))[:, None]).to(dt)
-    tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :], _dot(t, kw, IEEE=PREC).to(dt),
-             mask=m[:, None])
-    # one [64, 128] fp32 accumulator live at a time (W's and U's together spilled at 4 warps)
-    tl.debug_barrier()
-    vp = rows[:, None] * (HV * V) + hv * V + ov[None, :]
-    vb = (tl.load(v_ptr + vp, mask=m[:, None], other=0.0) * b[:, None]).to(dt)
-    tl.store(u_ptr + vp, _dot(t, vb, IEEE=PREC).to(dt), mask=m[:, None])
+    kscale = (b * tl.exp(G))[:, None]
+    if RELOAD_K or KC < K:
+        for p in tl.static_range(K // KC):
+            oc = p * KC + tl.arange(0, KC)
+            kc = tl.load(k_ptr + rows[:, None] * (HK * K) + hk * K + oc[None, :], mask=m[:, None],
+                         other=0.0, cache_modifier=".ca")
+            tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + oc[None, :],
+                     _dot(t, (kc * kscale).to(dt), IEEE=PREC).to(dt), mask=m[:, None])
+    else:
+        tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :],
+                 _dot(t, (kk * kscale).to(dt), IEEE=PREC).to(dt), mask=m[:, None])
+    for p in tl.static_range(V // VC):
+        oc = p * VC + tl.arange(0, VC)
+        vp = rows[:, None] * (HV * V) + hv * V + oc[None, :]
+        vb = (tl.load(v_ptr + vp, mask=m[:, None], other=0.0) * b[:, None]).to(dt)
+        tl.store(u_ptr + vp, _dot(t, vb, IEEE=PREC).to(dt), mask=m[:, None])

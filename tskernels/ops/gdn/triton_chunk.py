@@ -38,6 +38,7 @@ from ._wy64 import _dot, _inv_unit_lower, _mm, _wy64_kernel
 DEFAULT_VARIANT = "fused"
 VARIANTS = ("fused", "wy64")
 WY64_WARPS = 8
+WY64_COLS = 64  # the W / U products' column piece
 
 BT = tl.constexpr(CHUNK)  # chunk length
 BC = tl.constexpr(16)  # sub-block of the in-chunk solve
@@ -297,7 +298,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
 
     tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
     default DEFAULT_VARIANT), "state_bv", "state_stages", "wy_warps", "wy_reload",
-    "wy_diag_x4" (wy64), "out_warps"})."""
+    "wy_diag_x4", "wy_cols" (wy64), "out_warps"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
                                           q.device)
@@ -336,6 +337,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
                                        HK=hk, HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                        RELOAD_K=tuning.get("wy_reload", True),
                                        DIAG_X4=tuning.get("wy_diag_x4", True),
+                                       KC=min(dk, tuning.get("wy_cols", WY64_COLS)),
+                                       VC=min(dv, tuning.get("wy_cols", WY64_COLS)),
                                        num_warps=tuning.get("wy_warps", WY64_WARPS), **amd)
         del scratch
     elif max_chunks:
@@ -378,10 +381,11 @@ def _cases():
         # 1.37x faster than the spill-free 8-warp launch (benchmarks/RESULTS.md, issue 23)
         CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=True), num_warps=4,
                     uses_dot=True, narrow_dot=True, label="wy"),
-        # the "wy64" variant: K K^T, W and U as 64-row products (wgmma on sm_90). 8 warps, no
-        # spill: 203 registers on sm_90 with the [4, 16, 16] diagonal solve, 168 without (4
-        # warps spill: 168 / 28 bytes)
-        CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True, DIAG_X4=True),
+        # the "wy64" variant: K K^T, W and U as 64-row products (wgmma on sm_90). sm_90, no
+        # spill: 8 warps 170 registers with the [4, 16, 16] diagonal solve, 128 without (two
+        # CTAs per SM); 4 warps 255 / 252
+        CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True, DIAG_X4=True,
+                                             KC=WY64_COLS, VC=WY64_COLS),
                     num_warps=WY64_WARPS, uses_dot=True, label="wy64"),
         CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
                     uses_dot=True, label="state"),
