@@ -9,10 +9,10 @@ tensor-core product 64 rows tall, so that sm_90 lowers it to wgmma instead of 16
    substitution on the four diagonal blocks at once (one [4, 16, 16] tile: one 14-step chain
    instead of the fused kernel's four in a row), then the block-triangular merge, all in fp32
    FMA math as in the fused kernel;
-3. T is read back whole and W, U are two [64, 64] x [64, 128] products.
+3. T is read back whole and W, U are [64, 64] x [64, 64-column piece] products.
 
-The scratch round trip (16 KB per program, written and re-read by the same CTA, so it stays in
-L2) is what buys the 64-row tiles: Triton has no cheap way to reassemble register blocks into
+The scratch round trip (16 KB per program, written and re-read by the same CTA moments later,
+so it should be served from L2) is what buys the 64-row tiles: Triton has no cheap way to reassemble register blocks into
 one tile. The CTA barriers between the phases order the scratch stores before the loads of
 other threads; the loads bypass L1 (".cg").
 """

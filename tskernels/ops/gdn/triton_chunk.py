@@ -7,6 +7,8 @@ Three launches, each over (chunk, value head) or (value block, sequence x value 
    diagonal blocks and the block-triangular merge (fp32 FMA math: 16 x 16 tiles are cheap), then
    the WY factors W = T (beta e^G K) and U = T (beta V) with tensor-core dots. Fusing these
    (rather than writing A and reading it back) saves a launch and A's round trip.
+   The "wy64" variant (tuning {"variant": "wy64"}, _wy64.py) computes the same factors with
+   64-row products (K K^T, W, U: wgmma on sm_90), T passing through an fp32 scratch tile.
 2. `_state_kernel` (sequential over a sequence's chunks, one program per value block): stores
    the chunk-start state H_c, V'_c = U_c - W_c H_c, and H_(c+1) = e^(G_C) H_c + (e^(G_C - G) K)^T V'.
 3. `_output_kernel` (per chunk): O = (e^G Q) H_c + [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
