@@ -147,3 +147,27 @@ def test_plan_work_items_and_option_checks():
     assert _work_items(False, None, False, [5], [0], 8, 4, 128, "cpu")[:2] == (1, False)
     with pytest.raises(ValueError, match="splits must be"):
         _work_items(True, 0, False, counts, pre, 8, 4, 128, "cpu")
+
+
+def test_defaults_reach_paged_plans_only(monkeypatch):
+    """With the split / packing defaults switched on, a contiguous (non-paged) plan, e.g. a
+    first-turn prefill with no prefix, still takes its only build (1 split, unpacked) when the
+    options are "default", while a paged plan gets the defaults; options named explicitly are
+    kept (and a non-paged plan rejects them clearly)."""
+    from tskernels.ops.attention import cuda_extend as ce
+    monkeypatch.setattr(ce, "DEFAULT_SPLITS", None)
+    monkeypatch.setattr(ce, "DEFAULT_GQA_PACK", True)
+    assert ce.resolve_defaults(False, "default", "default") == (1, False)
+    assert ce.resolve_defaults(True, "default", "default") == (None, True)
+    assert ce.resolve_defaults(True, 3, False) == (3, False)
+    assert ce.resolve_defaults(False, 2, "default") == (2, False)
+    counts, pre = [300, 20], [0, 0]
+    assert ce._work_items(False, *ce.resolve_defaults(False, "default", "default"), counts,
+                          pre, 32, 4, 128, "cpu") == (1, False, ce.work_list(counts))
+    with pytest.raises(ValueError, match="need the paged plan"):
+        ce._work_items(False, *ce.resolve_defaults(False, "default", True), counts, pre, 32,
+                       4, 128, "cpu")
+    monkeypatch.setattr(ce, "DEFAULT_SPLITS", 2)  # a forced default: no device query
+    s, pack, work = ce._work_items(True, *ce.resolve_defaults(True, "default", "default"),
+                                   counts, [0, 5000], 32, 4, 128, "cpu")
+    assert (s, pack) == (2, True) and work == sp.split_work(counts, [0, 5000], 2, group=4)

@@ -135,6 +135,14 @@ def _poison_used_partials(plan) -> int:
     return most
 
 
+def _most_splits(pre: int, n: int, splits: int, block_n: int, group: int = 1) -> int:
+    """The split count of a request's last query block (the one whose first row sits
+    furthest in: its splits are capped by the tiles up to that row's position), for n new
+    tokens over pre cached ones, rows packed by `group`."""
+    first_row = (n * group - 1) // 128 * 128
+    return min(splits, (pre + first_row // group) // block_n + 1)
+
+
 def _check_split(lens, new, splits, tile=(128, 3), gqa_pack=False, **kw):
     kv, indptr, q = _split_case(lens, new, **kw)
     plan = _split_plan(kv, indptr, q, splits, tile, gqa_pack)
@@ -155,7 +163,7 @@ def test_cuda_paged_split_matches_reference(splits):
     boundaries inside pages at BN = 64), more splits than a short block has tiles (64)."""
     for tile in ((128, 3), (64, 4)):
         most = _check_split([300, 150, 3000, 1], [300, 20, 200, 1], splits, tile)
-        assert most == min(splits, 2800 // tile[0] + 1)  # the long prefix's first block's
+        assert most == _most_splits(2800, 200, splits, tile[0])  # the long request's
 
 
 @needs_hopper
@@ -215,7 +223,7 @@ def test_cuda_paged_gqa_pack_matches_reference(splits, hq, hkv):
     for tile in ((128, 3), (64, 4)) if hq == 4 * hkv else ((128, 3),):
         most = _check_split([300, 150, 3000, 1, 40], [300, 20, 200, 1, 33], splits, tile,
                             gqa_pack=True, hq=hq, hkv=hkv)
-        assert most == min(splits, 2800 // tile[0] + 1)
+        assert most == _most_splits(2800, 200, splits, tile[0], hq // hkv)
 
 
 @needs_hopper

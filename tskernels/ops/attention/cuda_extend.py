@@ -116,10 +116,10 @@ class CudaExtendPlan(PlanBase):
         of two) instead of from the new tokens' own k / v (no prefix).
         splits (paged only): key splits per query block (split-KV, ops/shared/extend_split.py):
         1 = the unsplit launch, an int up to 64 = that many (fewer for blocks with fewer
-        tiles), None = chosen from the lengths; "default" = DEFAULT_SPLITS. The plan's
-        `splits` is the count it launches with.
+        tiles), None = chosen from the lengths; "default" = DEFAULT_SPLITS when paged, else
+        1. The plan's `splits` is the count it launches with.
         gqa_pack (paged only): GQA packing, a block's rows are (token, head-in-group) pairs of
-        one KV head (-DPACK); "default" = DEFAULT_GQA_PACK."""
+        one KV head (-DPACK); "default" = DEFAULT_GQA_PACK when paged, else False."""
         if head_dim != HEAD_DIM:
             raise ValueError(f"CUDA extend: head_dim {HEAD_DIM} only, got {head_dim}")
         if q_dtype not in (torch.bfloat16, torch.float16) or kv_dtype != q_dtype:
@@ -157,9 +157,8 @@ class CudaExtendPlan(PlanBase):
         self.num_rows = ptr[-1] if ptr else 0
         prefixes = [L - n for n, L in zip(counts, lens)]
         self.splits, self.gqa_pack, work = _work_items(
-            paged, DEFAULT_SPLITS if splits == "default" else splits,
-            DEFAULT_GQA_PACK if gqa_pack == "default" else gqa_pack, counts, prefixes,
-            num_q_heads, self.group, block_n, dev)
+            paged, *resolve_defaults(paged, splits, gqa_pack), counts, prefixes, num_q_heads,
+            self.group, block_n, dev)
         if self.splits > 1:
             self.partial_o, self.partial_lse = split_kv.workspace(self.num_rows, num_q_heads,
                                                                   self.splits, dev)
@@ -220,6 +219,19 @@ class CudaExtendPlan(PlanBase):
         if self.splits > 1:
             split_kv.merge(self.partial_o, self.partial_lse, o, self.splits)
         return o
+
+
+def resolve_defaults(paged: bool, splits, gqa_pack):
+    """The plan's (splits, gqa_pack) with "default" replaced: DEFAULT_SPLITS /
+    DEFAULT_GQA_PACK for a paged plan, 1 / False for the contiguous kernel (it has no split or
+    packed build, so the defaults must not reach it: a first-turn prefill without a prefix
+    takes that plan whatever the paged defaults are). Options named explicitly pass through
+    (and are checked by _work_items)."""
+    if isinstance(splits, str) and splits == "default":
+        splits = DEFAULT_SPLITS if paged else 1
+    if isinstance(gqa_pack, str) and gqa_pack == "default":
+        gqa_pack = DEFAULT_GQA_PACK if paged else False
+    return splits, gqa_pack
 
 
 def _work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, device):
