@@ -8,13 +8,15 @@ old vs new, and the serving A/B, in one device call (~120-150 s):
 2. Kernel level in this process: CUDA-graph replays of back-to-back calls, input sets rotated
    beyond 200 MB (4x the 50 MB L2), medians; unfused (norm.rmsnorm + gemm.gemv;
    activation.silu_and_mul + gemm.gemv) vs fused (gemm.rmsnorm_gemv, gemm.silu_mul_gemv) at
-   the Llama-3-8B shapes, M = 1 and 16; then a whole layer's chain of the 4 projections
-   (qkv, o + residual, gate-up, down + residual; attention left out) old vs new, the plain o
-   gemv with and without the early-stream launch (triton_gemv.EARLY_STREAM). µs and TB/s of
-   weight bytes, the copy roofline measured in the same run.
+   the Llama-3-8B shapes, M = 1 and 16, beside the plain gemv alone (the goal: fused ~=
+   gemv_only), the fused kernel without a prologue (swapped_plain: what its mma.sync
+   orientation costs by itself) and the fused ops with the early stream (fused_early,
+   triton_gemv_fused.EARLY_FUSED); then a whole layer's chain of the 4 projections (qkv,
+   o + residual, gate-up, down + residual; attention left out) old vs new, with the early
+   streams off (default) / on for the fused ops / on for all (+ triton_gemv.EARLY_STREAM).
+   µs and TB/s of weight bytes, the copy roofline measured in the same run.
 3. End to end: benchmarks/serve_ab.py on dummy:llama-3-8b at B=1 through CUDA graphs, fusion
-   off vs on (bound_ops.FUSE_DECODE_GEMV + triton_gemv.EARLY_STREAM), each run bounded by
-   SERVE_S (40 s). ms/step.
+   off vs on (bound_ops.FUSE_DECODE_GEMV), each run bounded by SERVE_S (40 s). ms/step.
 
 JSON to $OUT/s15_gemv.json (and the tier's $OUT/gpu_tier_s15_gemv.json); short table last.
 """
@@ -120,15 +122,22 @@ def stage_kernels(roof: float) -> dict:
 
             def plain(d):
                 return gemv(d["x"][:, :d["w"].shape[1]], d["w"])
+
+            def swapped(d):
+                out = torch.empty(d["x"].shape[0], d["w"].shape[0], dtype=torch.bfloat16,
+                                  device="cuda")
+                return tf.fused_stream_mm(d["x"][:, :d["w"].shape[1]], d["w"], out,
+                                          prologue=tf.PRO_NONE)
             us = dict(unfused=_time(old, sets), fused=_time(new, sets),
-                      gemv_only=_time(plain, sets))
+                      gemv_only=_time(plain, sets), swapped_plain=_time(swapped, sets),
+                      fused_early=_time(_with(tf, "EARLY_FUSED", True, new), sets))
             rows.append(dict(op=name, M=m, N=n, K=k, weight_MB=round(wb / 1e6, 1),
                              floor_us=round(wb / roof / 1e3, 2), us=us,
                              TBps={key: round(wb / v / 1e6, 3) for key, v in us.items()}))
             print(f"{name:8s} M={m:2d}: {us}", flush=True)
             del sets
-    # the layer chain: qkv, o (+res), gate-up, down (+res). fused: the fused ops stream early,
-    # o is the shipped PDL gemv; fused_early: o streams early too; fused_not_early: neither
+    # the layer chain: qkv, o (+res), gate-up, down (+res). fused: as shipped (no early
+    # stream); fused_early: the fused ops stream early; fused_early_all: o streams early too
     chain = []
     wbytes = (QKV * D + D * D + 2 * INTER * D + D * INTER) * 2
     for m in (1, 16):
@@ -150,10 +159,10 @@ def stage_kernels(roof: float) -> dict:
             h = gemv(d["attn"], d["o"], residual=d["h"])
             gu = tskernels.gemm.rmsnorm_gemv(h, d["ln2"], d["gu"], eps=EPS, backend="triton")
             return qkv, tskernels.gemm.silu_mul_gemv(gu, d["down"], residual=h, backend="triton")
+        early = _with(tf, "EARLY_FUSED", True, new)
         us = dict(old=_time(old, sets, 100), fused=_time(new, sets, 100),
-                  fused_not_early=_time(_with(tf, "EARLY_FUSED", False, new), sets, 100),
-                  fused_early=_time(_with(tg, "EARLY_STREAM", True, new), sets, 100),
-                  old_nopdl=_time(_with(tg, "USE_PDL", False, old), sets, 100))
+                  fused_early=_time(early, sets, 100),
+                  fused_early_all=_time(_with(tg, "EARLY_STREAM", True, early), sets, 100))
         chain.append(dict(M=m, weight_MB=round(wbytes / 1e6, 1),
                           floor_us=round(wbytes / roof / 1e3, 2), us=us,
                           TBps={k: round(wbytes / v / 1e6, 3) for k, v in us.items()},
@@ -164,8 +173,7 @@ def stage_kernels(roof: float) -> dict:
 
 
 def stage_serve() -> dict:
-    runs = {"off": [], "fused": ["--set", "serve.models.bound_ops.FUSE_DECODE_GEMV=True",
-                                 "--set", "tskernels.ops.gemm.triton_gemv.EARLY_STREAM=True"]}
+    runs = {"off": [], "fused": ["--set", "serve.models.bound_ops.FUSE_DECODE_GEMV=True"]}
     res = {}
     for name, sets in runs.items():
         js = OUT / f"s15_serve_llama_{name}.json"
@@ -211,16 +219,18 @@ def main() -> int:
     doc["serve"] = stage_serve()
     doc["seconds"] = round(time.time() - t0, 1)
     path.write_text(json.dumps(doc, indent=1))
-    print("\n| what | M | old µs | new µs | new TB/s |\n| --- | --- | --- | --- | --- |")
+    print("\n| what | M | old (unfused) µs | new (fused) µs | gemv alone µs | new TB/s |\n"
+          "| --- | --- | --- | --- | --- | --- |")
     for r in doc["kernels"].get("rows", []):
         print(f"| {r['op']} {r['N']}x{r['K']} | {r['M']} | {r['us']['unfused']} | "
-              f"{r['us']['fused']} | {r['TBps']['fused']} |")
+              f"{r['us']['fused']} | {r['us']['gemv_only']} | {r['TBps']['fused']} |")
     for c in doc["kernels"].get("chain", []):
-        print(f"| layer chain (fused / +early) | {c['M']} | {c['us']['old']} | "
-              f"{c['us']['fused']} / {c['us']['fused_early']} | {c['TBps']['fused_early']} |")
+        print(f"| layer chain (fused / +early / +early all) | {c['M']} | {c['us']['old']} | "
+              f"{c['us']['fused']} / {c['us']['fused_early']} / {c['us']['fused_early_all']} "
+              f"| | {c['TBps']['fused']} |")
     s = doc["serve"]
     print(f"| serve dummy:llama-3-8b B=1 ms/step | 1 | {s['off']['ms_per_step']} | "
-          f"{s['fused']['ms_per_step']} | |")
+          f"{s['fused']['ms_per_step']} | | |")
     print(f"tier rc {doc['tier']['rc']}; total {doc['seconds']} s", flush=True)
     return 0
 

@@ -25,14 +25,15 @@ _bound: dict[tuple, object] = {}
 # adds into their epilogues (serve.models.layers.DecoderLayer). Off until its GPU tier and the
 # serving A/B ran (benchmarks/s15_gemv_gpu.py); turning it on by default is this line.
 FUSE_DECODE_GEMV = False
-# the most rows that take the fused form (each program of rmsnorm_gemv reads its rows' whole
-# hidden vector: 128 KB of L2 reads per program at 16 bf16 rows; lower it if the lab script's
-# M = 16 rows lose to the unfused pair)
+# the most rows that take the fused form (lower it if the lab script's M = 16 rows lose to
+# the unfused pair)
 FUSE_DECODE_MAX_M = 16
 # the fused kernels are named while they are not run-verified (the registry would pick the
 # reference for them); None once verified.json lists them (the registry's choice)
 FUSED_BACKEND: str | None = "triton"
-_FUSED_DTYPES = (torch.float16, torch.bfloat16)
+# bf16 only: the fused RMSNorm rounds x * norm_weight (before rstd) to the operand dtype,
+# which in fp16 can overflow on a large residual stream where the normed x would not
+_FUSED_DTYPES = (torch.bfloat16,)
 
 
 def bind(key: tuple, family: str, op: str, problem):
@@ -81,7 +82,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None
 
 def fuse_decode(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a decoder layer runs its norms / activation fused into its gemvs for rows x
-    (FUSE_DECODE_GEMV, a GPU, at most gemm.GEMV_MAX_M rows, 16-bit, gemm.gemv taken there)."""
+    (FUSE_DECODE_GEMV, a GPU, at most gemm.GEMV_MAX_M rows, bf16, gemm.gemv taken there)."""
     return (FUSE_DECODE_GEMV and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
             x.shape[0] <= min(FUSE_DECODE_MAX_M, tskernels.gemm.GEMV_MAX_M) and
             _gemv_fits(x, w, None))

@@ -50,6 +50,8 @@ def _f64(t):
 def _workspace_clean(device) -> None:
     ws, cnt = triton_gemv._workspace(torch.device(device))
     assert int(cnt.abs().sum()) == 0 and float(ws.abs().sum()) == 0.0
+    ss = tf._ss_ws.get(torch.device(device))
+    assert ss is None or float(ss.abs().sum()) == 0.0
 
 
 @settings(max_examples=10 if not ON_GPU else 12, deadline=None)  # GPU: compiles dominate
@@ -71,9 +73,11 @@ def test_fused_gemv_vs_reference(kernel_device, op, m, n, k, dtype, residual, ou
 @pytest.mark.parametrize("residual", [False, True])
 def test_fused_matches_unfused_pair_and_poisoned_output(kernel_device, op, m, n, k, residual):
     """Against the unfused pair of kernels the serving path ran before (norm / activation op,
-    then gemm.gemv): the same rounding of the activation, so they agree to the product's fp32
-    summation order. Outputs start NaN; K not a multiple of BK (200, 392) takes the masked
-    loop; the interpreter's 4 'SMs' make these split-K launches."""
+    then gemm.gemv) and the float64 reference, within the fp16 tolerance: not bitwise, the
+    fused RMSNorm rounds x * norm_weight (rstd scales the fp32 product in the epilogue) where
+    the pair rounds x * rstd * norm_weight. Outputs start NaN; K not a multiple of BK (200,
+    392) takes the masked loop; the interpreter's 4 'SMs' make these split-K launches (the
+    row sums of squares meet in the split workspace too, which is left clean)."""
     x, b, nw, r = _problem(op, m, n, k, torch.float16, kernel_device, m * n + k, residual)
     act = tskernels.norm.rmsnorm(x, nw, EPS) if op == "rmsnorm" else \
         tskernels.activation.silu_and_mul(x)
@@ -95,10 +99,11 @@ def test_fused_matches_unfused_pair_and_poisoned_output(kernel_device, op, m, n,
 def test_plain_early_stream_gemv(kernel_device, m, n, k, monkeypatch):
     """gemm.gemv's early-stream launch (PRO_NONE: first weight tile before the wait)."""
     x, b, _, r = _problem("rmsnorm", m, n, k, torch.float16, kernel_device, n + k, True)
-    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=kernel_device)
-    tf.fused_stream_mm(x, b, out, prologue=tf.PRO_NONE, residual=r)
-    assert_close(out, ref.gemv(x.double(), b.double(), residual=r.double()),
-                 baseline=ref.gemv(x, b, residual=r), name="early gemv")
+    for early in (True, False):
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device=kernel_device)
+        tf.fused_stream_mm(x, b, out, prologue=tf.PRO_NONE, residual=r, early=early)
+        assert_close(out, ref.gemv(x.double(), b.double(), residual=r.double()),
+                     baseline=ref.gemv(x, b, residual=r), name=f"plain gemv early={early}")
     if ON_GPU:  # the switch routes the PDL launches (sm_90+) through the early kernel
         monkeypatch.setattr(triton_gemv, "EARLY_STREAM", True)
         c = tskernels.gemm.gemv(x, b, residual=r, backend="triton")
@@ -166,8 +171,10 @@ def llama_layer_weights(m: int, dtype=torch.bfloat16, device="cuda", seed=0) -> 
 @pytest.mark.parametrize("early", [False, True])
 def test_llama_layer_chain_fused_vs_unfused_graph_replay(m, early, monkeypatch):
     """Two layers' chains of PDL launches captured and replayed (outputs NaN-poisoned between
-    replays) against eager runs and the unfused chain, with the plain gemv early or not."""
+    replays) against eager runs and the unfused chain, with the early streams (fused and
+    plain launches) on or off."""
     monkeypatch.setattr(triton_gemv, "EARLY_STREAM", early)
+    monkeypatch.setattr(tf, "EARLY_FUSED", early)
     w = llama_layer_weights(m)
 
     def run():

@@ -155,7 +155,7 @@ USE_PDL = True
 # the 16-bit PDL launches of `gemv` through triton_gemv_fused's early-stream kernel (first
 # weight tile issued before griddepcontrol.wait, dependents triggered at program start), so
 # a chain of projections streams weights continuously. Off until timed on the H200
-# (benchmarks/s15_gemv_gpu.py); the fused rmsnorm_gemv / silu_mul_gemv always stream early.
+# (benchmarks/s15_gemv_gpu.py); the fused ops' own switch is triton_gemv_fused.EARLY_FUSED.
 EARLY_STREAM = False
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
 # and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
@@ -304,7 +304,7 @@ def _gemv(a, b, *, out_dtype=None, residual=None):
         from . import triton_gemv_fused
         return triton_gemv_fused.fused_stream_mm(_k_major(a), _k_major(b), out,
                                                  prologue=triton_gemv_fused.PRO_NONE,
-                                                 residual=residual)
+                                                 residual=residual, early=True)
     return stream_mm(_k_major(a), _k_major(b), out, residual=residual)
 
 

@@ -2,15 +2,28 @@
 `rmsnorm_gemv` (c = rmsnorm(x) @ w.T) and `silu_mul_gemv` (c = silu(gate) * up @ w.T), each
 with the optional residual-add epilogue of `gemv`, and the plain gemv's early-stream variant.
 
-The kernel is the split-K weight-streaming kernel of triton_gemv (same plan, workspace and
-last-arrival reduction) with a prologue on the activation tile:
-- RMSNorm: every program first takes its rows' sum of squares over the full K (x is <= 16
-  rows of a hidden size: a few KB, read from L2), then scales its K slice on the fly by
-  rstd * norm_weight and rounds to x's dtype before the dot, as norm.rmsnorm's output is
-  rounded (its float32 math: x * rstd * weight, one rounding), so fused and unfused agree
-  to the product's rounding.
-- SiLU-mul: x is the gate|up product [M, 2K]; the program's K slice of silu(gate) * up is
-  computed in float32 and rounded to x's dtype (activation.silu_and_mul's rounding).
+The kernel streams weights as triton_gemv's split-K kernel does (same plan: tiles, stages,
+warps, K splits; same workspace and last-arrival reduction) with a prologue on the
+activation tile, applied in registers tile by tile (no extra pass over x):
+- RMSNorm: rstd is a per-row scalar, so rmsnorm(x) @ w.T = rstd * ((x * weight) @ w.T). The
+  loop takes x * weight (float32, rounded to x's dtype) as the operand and gathers the rows'
+  sums of squares of its K slice beside the dot; the split reduction adds those sums too and
+  the epilogue scales each row by rsqrt(sum / K + eps) before the residual and the store.
+  The rounding differs from the unfused pair (which rounds x * rstd * weight): both round
+  the operand once, so they agree within the dtype's tolerance, not bitwise. In fp16 the
+  un-normalized x * weight must stay within fp16's range (serve fuses bf16 only).
+- SiLU-mul: x is the gate|up product [M, 2K]; the tile's silu(gate) * up is computed in
+  float32 (approximate ex2 and reciprocal) and rounded to x's dtype, as
+  activation.silu_and_mul.
+
+Orientation: the product is c [MP, BN] = x_tile [MP, BK] @ w_tile.T, so the (<= 16) activation
+rows are the MMA's M side and a register operand (mma.sync). The plain gemv's orientation
+(weights as wgmma's M side, x from shared memory) would make the prologue's tile go through a
+register -> shared store each iteration, which Triton's pipeliner cannot multi-buffer: the
+wgmma turns synchronous (wait 0) and the next weight tiles are issued only after it, which
+made the fused launches slower than the plain gemv alone on the H200 (with the former
+full-row sum-of-squares pass of every program: up to 2.8 x at M = 16). Here the loop's
+loads stay cp.async three tiles ahead and the prologue math overlaps them.
 
 Early streaming (EARLY): on sm_90+ the launch is a programmatic dependent launch; the
 program lets its dependents launch at once (griddepcontrol.launch_dependents), issues its
@@ -18,6 +31,7 @@ first weight tile *before* griddepcontrol.wait and only then reads x / the resid
 workspace (which the previous kernel may write). Weights and the norm weight are never
 written by a kernel of the step, so the next projection's weight stream starts while the
 previous kernel drains. The dependents' own wait covers everything this kernel writes.
+Off by default (EARLY_FUSED): the H200 showed it slower over a layer chain.
 """
 from __future__ import annotations
 
@@ -34,43 +48,76 @@ from ...compile import CompileCase
 from . import triton_gemv as tg
 
 PRO_NONE, PRO_RMSNORM, PRO_SILU_MUL = 0, 1, 2
-# the fused ops' early stream (first weight tile before the PDL wait); a module switch so the
-# lab script can time the prologue fusion with and without it
-EARLY_FUSED = True
-# elements of x per sum-of-squares tile (rows x columns; 32 float32 per thread at 4 warps)
-_SS_TILE = tl.constexpr(4096)
+# the first weight tile before the PDL wait (EARLY): off by default — on the H200 it cost
+# 6.8 us over a Llama layer chain; kept as an option the lab script times
+EARLY_FUSED = False
 
 
 @triton.jit
-def _x_tile(x_rows, nw_ptr, rstd, offs_k, mask, K, PRO: tl.constexpr):
-    """The activation tile [MP, BK] of the program's rows at offs_k, prologue applied and
-    rounded to x's dtype (masked entries are 0: they meet zero weights or padding rows)."""
+def _silu_mul_asm(g, u):
+    """silu(g) * u = g * u / (1 + 2^(-g log2 e)) in float32 with the SFU's approximate ex2 and
+    reciprocal (~2 ulp of fp32, far below the 16-bit rounding that follows). Not pure on
+    purpose: Triton then evaluates it once per element in the loaded tile's layout and moves
+    only the 16-bit result into the MMA operand layout; pure math is re-evaluated in that
+    layout, where every warp holds the whole [MP, BK] tile (4 x the SFU work, which on the
+    H200's SFU rate would cost more than a weight tile's streaming time)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .f32 t; mul.ftz.f32 t, $1, 0fBFB8AA3B; ex2.approx.ftz.f32 t, t; "
+        "add.ftz.f32 t, t, 0f3F800000; rcp.approx.ftz.f32 t, t; mul.ftz.f32 $0, $1, $2; "
+        "mul.ftz.f32 $0, $0, t; }",
+        "=r,r,r", [g, u], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _step(acc, sq, w, x_rows, nw_rows, offs_k, mask, K, PRO: tl.constexpr,
+          ASM: tl.constexpr):
+    """One K tile: acc [MP, BN] += pro(x)[:, offs_k] @ w.T with the activation prologue in
+    registers (masked entries are 0: they meet zero weights or padding rows). sq [MP, BK]
+    gathers x**2 (float32) for the RMSNorm row sums; nw_rows [MP, 1]: the norm weight's
+    pointer repeated per row."""
     if PRO == 2:
         g = tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0,
                     eviction_policy="evict_last").to(tl.float32)
         u = tl.load(x_rows + K + offs_k[None, :], mask=mask, other=0.0,
                     eviction_policy="evict_last").to(tl.float32)
-        x = (g * tl.sigmoid(g) * u).to(x_rows.dtype.element_ty)
+        if ASM:
+            x = _silu_mul_asm(g, u).to(x_rows.dtype.element_ty)
+        else:
+            e = tl.exp2(g * -1.4426950408889634)
+            x = tl.fdiv(g * u, 1.0 + e, ieee_rounding=False).to(x_rows.dtype.element_ty)
+    elif PRO == 1:
+        xf = tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+        sq += xf * xf
+        # the weight broadcast over the tile's rows: a [BK] load is 2 B a thread, too narrow
+        # for cp.async, and would be a synchronous L2 round trip in every iteration; the
+        # [MP, BK] one is pipelined with the tiles (the repeats hit L1 / L2)
+        nw = tl.load(nw_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+        x = (xf * nw).to(x_rows.dtype.element_ty)
     else:
         x = tl.load(x_rows + offs_k[None, :], mask=mask, other=0.0, eviction_policy="evict_last")
-        if PRO == 1:
-            nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * rstd[:, None] * nw[None, :]).to(x_rows.dtype.element_ty)
-    return x
+    # x is the MMA's M side (<= 16 rows): a register operand of mma.sync, so the prologue's
+    # tile never feeds an asynchronous (wgmma) operand and the weight tiles keep their
+    # cp.async pipeline
+    return tl.dot(x, tl.trans(w), acc), sq
 
 
 @triton.jit
-def _fused_stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, nw_ptr, ws_ptr, cnt_ptr,
+def _fused_stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, nw_ptr, ws_ptr, cnt_ptr, ss_ptr,
                          M, N, K, stride_w, stride_x, stride_c, stride_r, K_SPLIT, eps,
                          BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
-                         MR: tl.constexpr, SPLIT: tl.constexpr, HAS_RES: tl.constexpr,
-                         EVEN_K: tl.constexpr, PRO: tl.constexpr, EARLY: tl.constexpr,
-                         PDL: tl.constexpr = False):
+                         SPLIT: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr,
+                         PRO: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False,
+                         ASM: tl.constexpr = False):
     """c[:M, n-tile] = pro(x)[:M] @ w[n-tile].T (+ r) over K range [pid_k * K_SPLIT, +K_SPLIT).
 
     w [N, K]; x [M, K] (PRO 0 / 1) or [M, 2K] gate|up (PRO 2), unit K stride; nw [K] the
-    RMSNorm weight (PRO 1). MR: M rounded up to a power of two (the sum-of-squares tile).
-    EARLY: the first weight tile is loaded before the PDL wait (and before anything of x).
+    RMSNorm weight (PRO 1). RMSNorm: the loop takes (x * nw) @ w.T and the rows' partial sums
+    of squares; rstd = rsqrt(sum / K + eps) scales the reduced rows in the epilogue (split:
+    the sums meet in ss [tiles, MP] beside the workspace). EARLY: the first weight tile is
+    loaded before the PDL wait (and before anything of x). ASM: CUDA's inline SiLU
+    (_silu_mul_asm; the interpreter and AMD take the tl math).
     """
     if PDL:
         gdc_launch_dependents()
@@ -84,80 +131,97 @@ def _fused_stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, nw_ptr, ws_ptr, cnt_ptr,
     k1 = tl.minimum(K, k0 + K_SPLIT)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     x_rows = x_ptr + offs_m[:, None] * stride_x
+    nw_rows = nw_ptr + tl.zeros_like(offs_m)[:, None]
+    acc = tl.zeros((MP, BN), dtype=tl.float32)
+    sq = tl.zeros((MP, BK), dtype=tl.float32)
+    kstart = k0
     if EARLY:  # weights only: nothing the previous kernel writes
         offs_k0 = k0 + tl.arange(0, BK)
         if EVEN_K:
             w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None], other=0.0,
                          eviction_policy="evict_first")
+            xm0 = m_mask[:, None]
         else:
             w0 = tl.load(w_rows + offs_k0[None, :], mask=n_mask[:, None] &
                          (offs_k0 < K)[None, :], other=0.0, eviction_policy="evict_first")
-    if PDL:
-        gdc_wait()
-    rstd = tl.zeros((MP,), dtype=tl.float32)
-    if PRO == 1:
-        RBK: tl.constexpr = _SS_TILE // MR
-        rows_r = tl.arange(0, MR)
-        xr_rows = x_ptr + rows_r[:, None] * stride_x
-        ss = tl.zeros((MR,), dtype=tl.float32)
-        for kk in tl.range(0, K, RBK, loop_unroll_factor=4):
-            offs_r = kk + tl.arange(0, RBK)
-            xv = tl.load(xr_rows + offs_r[None, :], mask=(rows_r < M)[:, None] &
-                         (offs_r < K)[None, :], other=0.0, eviction_policy="evict_last")
-            xv = xv.to(tl.float32)
-            ss += tl.sum(xv * xv, axis=1)
-        rs = tl.rsqrt(ss / K + eps)
-        # the MR rows' rstd onto the MP-row layout of the activation tile
-        rstd = tl.sum(tl.where(offs_m[:, None] == rows_r[None, :], rs[None, :], 0.0), axis=1)
-    acc = tl.zeros((BN, MP), dtype=tl.float32)
-    kstart = k0
-    if EARLY:
-        xm0 = m_mask[:, None] if EVEN_K else m_mask[:, None] & (offs_k0 < K)[None, :]
-        x0 = _x_tile(x_rows, nw_ptr, rstd, offs_k0, xm0, K, PRO)
-        acc = tl.dot(w0, tl.trans(x0), acc)
+            xm0 = m_mask[:, None] & (offs_k0 < K)[None, :]
+        if PDL:
+            gdc_wait()
+        acc, sq = _step(acc, sq, w0, x_rows, nw_rows, offs_k0, xm0, K, PRO, ASM)
         kstart = k0 + BK
+    elif PDL:
+        gdc_wait()
     for k in range(kstart, k1, BK):
         offs_k = k + tl.arange(0, BK)
         if EVEN_K:
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0,
                         eviction_policy="evict_first")
-            x = _x_tile(x_rows, nw_ptr, rstd, offs_k, m_mask[:, None], K, PRO)
+            acc, sq = _step(acc, sq, w, x_rows, nw_rows, offs_k, m_mask[:, None], K, PRO, ASM)
         else:
             k_mask = offs_k < K
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                         other=0.0, eviction_policy="evict_first")
-            x = _x_tile(x_rows, nw_ptr, rstd, offs_k, m_mask[:, None] & k_mask[None, :], K,
-                        PRO)
-        acc = tl.dot(w, tl.trans(x), acc)
-    mask2 = n_mask[:, None] & m_mask[None, :]
+            acc, sq = _step(acc, sq, w, x_rows, nw_rows, offs_k,
+                            m_mask[:, None] & k_mask[None, :], K, PRO, ASM)
+    ss = tl.sum(sq, axis=1)
+    mask2 = m_mask[:, None] & n_mask[None, :]
     if SPLIT:
-        _split_reduce(acc, c_ptr, r_ptr, ws_ptr, cnt_ptr, pid_n, offs_m, offs_n, mask2, N,
-                      stride_c, stride_r, BN, MP, HAS_RES)
+        # the split-K meeting of triton_gemv (kept textually apart from its kernel, whose
+        # source hash keys the tuned tables), in [MP, BN] order and with the row sums
+        tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.atomic_add(tile, acc, mask=mask2, sem="relaxed")
+        # the row sums as column 0 of an [MP, BN] tile: 2-D like acc, so no element of the
+        # atomics is held by two threads (a 1-D [MP] tensor is replicated over the CTA)
+        col0 = (tl.arange(0, BN) == 0)[None, :]
+        ss_at = pid_n * MP + offs_m[:, None] + tl.zeros((1, BN), dtype=tl.int32)
+        ss_mask = m_mask[:, None] & col0
+        if PRO == 1:
+            tl.atomic_add(ss_ptr + ss_at, tl.where(col0, ss[:, None], 0.0), mask=ss_mask,
+                          sem="relaxed")
+        tl.debug_barrier()  # every thread's adds happen-before the counter's acq_rel release
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == tl.num_programs(1) - 1:
+            # read and re-zero in one L2 atomic (int32 view: the interpreter exchanges ints)
+            bits = ws_ptr.to(tl.pointer_type(tl.int32)) + offs_m[:, None] * N + offs_n[None, :]
+            acc = tl.atomic_xchg(bits, tl.zeros((MP, BN), dtype=tl.int32), mask=mask2,
+                                 sem="relaxed").to(tl.float32, bitcast=True)
+            if PRO == 1:
+                sbits = ss_ptr.to(tl.pointer_type(tl.int32)) + ss_at
+                got = tl.atomic_xchg(sbits, tl.zeros((MP, BN), dtype=tl.int32), mask=ss_mask,
+                                     sem="relaxed").to(tl.float32, bitcast=True)
+                ss = tl.sum(tl.where(ss_mask, got, 0.0), axis=1)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+            _epilogue(acc, ss, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, K,
+                      eps, HAS_RES, PRO)
     else:
-        tg._epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, HAS_RES)
+        _epilogue(acc, ss, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, K, eps,
+                  HAS_RES, PRO)
 
 
 @triton.jit
-def _split_reduce(acc, c_ptr, r_ptr, ws_ptr, cnt_ptr, pid_n, offs_m, offs_n, mask2, N,
-                  stride_c, stride_r, BN: tl.constexpr, MP: tl.constexpr,
-                  HAS_RES: tl.constexpr):
-    """triton_gemv's split-K meeting (kept textually apart from its kernel, whose source
-    hash keys the tuned tables): fp32 atomics into the workspace, the tile's last arrival
-    takes the sum with an exchange against zero, resets the counter and writes c."""
-    tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
-    tl.atomic_add(tile, acc, mask=mask2, sem="relaxed")
-    tl.debug_barrier()  # every thread's adds happen-before the counter's acq_rel release
-    arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
-    if arrived == tl.num_programs(1) - 1:
-        bits = ws_ptr.to(tl.pointer_type(tl.int32)) + offs_m[None, :] * N + offs_n[:, None]
-        acc = tl.atomic_xchg(bits, tl.zeros((BN, MP), dtype=tl.int32), mask=mask2,
-                             sem="relaxed").to(tl.float32, bitcast=True)
-        tl.atomic_xchg(cnt_ptr + pid_n, 0)
-        tg._epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, HAS_RES)
+def _epilogue(acc, ss, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, K, eps,
+              HAS_RES: tl.constexpr, PRO: tl.constexpr):
+    """acc [MP, BN] (the full K sum): RMSNorm's rstd per row, the residual, the store."""
+    if PRO == 1:
+        acc = acc * tl.rsqrt(ss / K + eps)[:, None]
+    if HAS_RES:
+        r = tl.load(r_ptr + offs_m[:, None] * stride_r + offs_n[None, :], mask=mask2, other=0.0)
+        acc += r.to(tl.float32)
+    tl.store(c_ptr + offs_m[:, None] * stride_c + offs_n[None, :],
+             acc.to(c_ptr.dtype.element_ty), mask=mask2)
 
 
-def _mr(m: int) -> int:
-    return 1 << max(0, (m - 1).bit_length())
+_ss_ws: dict[torch.device, torch.Tensor] = {}
+
+
+def _ss_workspace(device: torch.device) -> torch.Tensor:
+    """fp32 [CNT_ELEMS * 16]: the split RMSNorm launches' per-tile row sums of squares,
+    zeroed once (the last arrival at a tile re-zeroes its slots); allocated on first use."""
+    ss = _ss_ws.get(device)
+    if ss is None:
+        ss = _ss_ws[device] = torch.zeros(tg.CNT_ELEMS * 16, dtype=torch.float32,
+                                          device=device)
+    return ss
 
 
 def fused_stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prologue: int,
@@ -166,34 +230,39 @@ def fused_stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prol
                     config: dict | None = None) -> torch.Tensor:
     """out[:M] = pro(x) @ w.T (+ residual), M <= 16, 16-bit x / w. K = w.shape[1]; x [M, K]
     (or [M, 2K] for PRO_SILU_MUL) with unit K stride; out / residual [M, N], unit N stride.
-    early: the first weight tile ahead of the rest (default: EARLY_FUSED on PDL launches,
-    where it goes before the wait; elsewhere it only reorders the loop)."""
+    The launch plan (tiles, stages, warps, K splits) is triton_gemv's for the shape. early:
+    the first weight tile ahead of the rest (default EARLY_FUSED, on PDL launches only)."""
     m = x.shape[0]
     n, k = w.shape
+    if m > 16:
+        raise ValueError(f"x: the fused gemv takes at most 16 rows, got {m}")
     cfg, split, k_split = tg.plan(m, n, k, False, x.device, config)
     ws, cnt = tg._workspace(x.device) if split > 1 else (out, out)
+    ss = _ss_workspace(x.device) if split > 1 and prologue == PRO_RMSNORM else out
     r = residual if residual is not None else out
     nw = norm_weight if norm_weight is not None else out
     pdl = tg._pdl(x.device)
     grid = (triton.cdiv(n, cfg["BN"]), split)
     _fused_stream_kernel[grid](
-        w, x, out, r, nw, ws, cnt, m, n, k, w.stride(0), x.stride(0), out.stride(0),
+        w, x, out, r, nw, ws, cnt, ss, m, n, k, w.stride(0), x.stride(0), out.stride(0),
         r.stride(0), k_split, float(eps),
-        BN=cfg["BN"], BK=cfg["BK"], MP=tg.mpad(m), MR=_mr(m), SPLIT=split > 1,
+        BN=cfg["BN"], BK=cfg["BK"], MP=tg.mpad(m), SPLIT=split > 1,
         HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PRO=prologue,
         EARLY=(EARLY_FUSED and pdl) if early is None else early, PDL=pdl,
+        ASM=x.device.type == "cuda" and torch.version.hip is None,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"],
         **backend_options(cfg), **({"launch_pdl": True} if pdl else {}))
     return out
 
 
 def compile_cases(prologues: tuple[int, ...]) -> list[CompileCase]:
-    """The prologues' kernel as launched on sm_90+ (PDL, early stream, split, residual), plus
-    the plain launch other NVIDIA targets get."""
+    """The prologues' kernel as launched on sm_90+ (PDL, split, residual; the early-stream
+    option too), plus the plain launch other NVIDIA targets get. The dot's M side is the
+    <= 16 activation rows: mma.sync (narrow_dot), not wgmma, on sm_90 / sm_100 too."""
     sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "c_ptr": "*bf16", "r_ptr": "*bf16",
-           "nw_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
-           "K": "i32", "stride_w": "i32", "stride_x": "i32", "stride_c": "i32",
-           "stride_r": "i32", "K_SPLIT": "i32", "eps": "fp32"}
+           "nw_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "ss_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_w": "i32", "stride_x": "i32",
+           "stride_c": "i32", "stride_r": "i32", "K_SPLIT": "i32", "eps": "fp32"}
     aligned = ("N", "K", "stride_w", "stride_x", "stride_c", "stride_r", "K_SPLIT")
     cfg = tg.STREAM_CONFIGS[("16bit", 16)]
     cases = []
@@ -201,20 +270,19 @@ def compile_cases(prologues: tuple[int, ...]) -> list[CompileCase]:
                            (PRO_NONE, "plain", True)):
         if pro not in prologues:
             continue
-        for mr, pdl in ((1, True), (16, True), (1, False)):
-            if pro != PRO_RMSNORM and mr != 1:
-                continue  # MR only shapes the RMSNorm tile
+        for pdl, early in ((True, False), (True, True), (False, False)):
             cases.append(CompileCase(
                 _fused_stream_kernel, sig,
-                dict(BN=cfg["BN"], BK=cfg["BK"], MP=16, MR=mr, SPLIT=True, HAS_RES=res,
-                     EVEN_K=True, PRO=pro, EARLY=pdl, PDL=pdl),
+                dict(BN=cfg["BN"], BK=cfg["BK"], MP=16, SPLIT=True, HAS_RES=res,
+                     EVEN_K=True, PRO=pro, EARLY=early, PDL=pdl, ASM=True),
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], uses_dot=True,
-                aligned=aligned, targets=tg._PDL_TARGETS if pdl else tg._NVIDIA_TARGETS,
-                label=f"{name} M<={mr if pro == PRO_RMSNORM else 16} split"
-                      f"{' +res' if res else ''}{' pdl early' if pdl else ''}"))
+                narrow_dot=True, aligned=aligned,
+                targets=tg._PDL_TARGETS if pdl else tg._NVIDIA_TARGETS,
+                label=f"{name} M<=16 split{' +res' if res else ''}{' pdl' if pdl else ''}"
+                      f"{' early' if early else ''}"))
     # CDNA: the plain launch at triton_gemv's per-arch streaming configs (heuristic, not run)
     cases += [dataclasses.replace(
-        c, constexprs=dict(c.constexprs, BN=acfg["BN"], BK=acfg["BK"]),
+        c, constexprs=dict(c.constexprs, BN=acfg["BN"], BK=acfg["BK"], ASM=False),
         num_warps=acfg["num_warps"], num_stages=acfg["num_stages"], targets=(arch,),
         options=tuple(backend_options(acfg).items()), label=f"{c.label} {arch}")
         for arch, acfg in tg.CDNA_STREAM_CONFIGS.items() for c in list(cases)
