@@ -91,8 +91,8 @@ def _step(acc, sq, w, x_rows, nw_rows, offs_k, mask, K, PRO: tl.constexpr,
         sq += xf * xf
         # the weight broadcast over the tile's rows: a [BK] load is 2 B a thread, too narrow
         # for cp.async, and would be a synchronous L2 round trip in every iteration; the
-        # [MP, BK] one is pipelined with the tiles (the repeats hit L1 / L2)
-        nw = tl.load(nw_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0,
+        # [MP, BK] one is pipelined with the tiles (x's mask: only the M real rows fetch)
+        nw = tl.load(nw_rows + offs_k[None, :], mask=mask, other=0.0,
                      eviction_policy="evict_last").to(tl.float32)
         x = (xf * nw).to(x_rows.dtype.element_ty)
     else:
