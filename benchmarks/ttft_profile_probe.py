@@ -71,16 +71,19 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=24)
     p.add_argument("--device", default="cuda")
     p.add_argument("--max-model-len", type=int, default=57344)
+    p.add_argument("--page-size", type=int, default=None, help="KV page size (engine default)")
     p.add_argument("--repeat", type=int, default=4,
                    help="unprofiled later turns after the profiled one (one more under cProfile)")
     p.add_argument("--json", required=True)
     args = p.parse_args()
     eng = Engine(args.model, device=args.device, max_num_seqs=8,
-                 max_model_len=args.max_model_len)
+                 max_model_len=args.max_model_len,
+                 **({"page_size": args.page_size} if args.page_size else {}))
     rng = np.random.default_rng(0)
     vocab = int(eng.hf_config.vocab_size)
     toks = lambda n: rng.integers(10, vocab - 10, n).tolist()  # noqa: E731
     out: dict = {"model": args.model, "context": args.context, "new": args.new,
+                 "page_size": eng.args.page_size,
                  "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                  "command": "python benchmarks/ttft_profile_probe.py " + " ".join(
                      f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items())}

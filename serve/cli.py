@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-num-seqs", type=int, help="most requests in one running batch")
     e.add_argument("--chunked-prefill-size", type=int, help="token budget per step (prefill chunks + decodes)")
     e.add_argument("--page-size", type=int,
-                   help="tokens per KV page (default: 64 for MLA models on a GPU, else 16)")
+                   help="tokens per KV page (default: 64 on a GPU, 16 on the CPU)")
     e.add_argument("--num-kv-pages", type=int, help="KV pool size in pages (instead of a memory fraction)")
     e.add_argument("--kv-cache-dtype", choices=list(KV_DTYPE_ALIASES), default="auto",
                    help="KV cache element type; auto: the model's dtype, fp8 = fp8_e4m3 "

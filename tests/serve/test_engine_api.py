@@ -72,14 +72,15 @@ def test_engine_args_rejects(kwargs, exc):
 
 
 def test_default_page_size():
-    """Unset page_size: 64-row pages for MLA latent caches on a GPU (the CUDA MLA decode's),
-    16 otherwise; an engine on the CPU keeps 16 for an MLA model, and an explicit size wins."""
+    """Unset page_size: 64-row pages on a GPU (the CUDA MLA decode's, and the paged extend's
+    faster size), 16 on the CPU for every model; an explicit size wins."""
     from types import SimpleNamespace
 
     from serve.config import default_page_size
     mla, gqa = SimpleNamespace(kv_lora_rank=512), SimpleNamespace(num_key_value_heads=8)
     assert default_page_size(mla, "cuda") == 64 and default_page_size(mla, "cuda:1") == 64
-    assert default_page_size(mla, "cpu") == 16 and default_page_size(gqa, "cuda") == 16
+    assert default_page_size(mla, "cpu") == 16 and default_page_size(gqa, "cuda") == 64
+    assert default_page_size(gqa, "cpu") == 16
     assert Engine("dummy:tiny-deepseek-v3", device="cpu", num_kv_pages=64).args.page_size == 16
     assert Engine("dummy:tiny-deepseek-v3", device="cpu", num_kv_pages=64,
                   page_size=32).args.page_size == 32

@@ -19,8 +19,10 @@ partial rows + LSE to a workspace allocated with the plan, merged into `out` by
 ops/shared/split_kv.py's merge kernel (the split count and tile ranges: ops/shared/
 extend_split.py). GQA packing (paged plans, `gqa_pack`, -DPACK): a block's rows are (token,
 head-in-group) pairs of one KV head, so short extends fill the 128-row tile and each K/V tile is
-read once per group. Both off by default (DEFAULT_SPLITS = 1, DEFAULT_GQA_PACK = False: the
-launch before them, same cubin) until their GPU run.
+read once per group. Both on by default for paged plans since their H200 run (GPU tests and
+timings in benchmarks/RESULTS.md, "Session 15": the later turn's 50.8k + 800 layer 1691 ->
+1513 us, a 16-token follow-up over 51k 882 -> 67 us); splits=1, gqa_pack=False is the launch
+before them (same cubin).
 
 Verification: the GPU tier runs it on the H200 (tests/kernels/test_attention_cuda_extend.py);
 tests/compile/test_cuda_sources.py builds it with nvcc and checks the wgmma in its code.
@@ -48,12 +50,11 @@ STAGES = 3             # K/V ring depth (226 KB of shared memory at BLOCK_N = 12
 LOG2E = 1.4426950408889634
 # The paged plan's key splits when the caller names none: 1 = one CTA per (query block, head)
 # walking all its keys (the launch before split-KV); None = chosen per plan from the lengths
-# (ops/shared/extend_split.py, choose_splits). Switch to None once the GPU run verified the
-# split path.
-DEFAULT_SPLITS: int | None = 1
+# (ops/shared/extend_split.py, choose_splits).
+DEFAULT_SPLITS: int | None = None
 # GQA packing in the paged plan when the caller names none (False: one query head per CTA, the
-# launch before packing; True once its GPU run verified it).
-DEFAULT_GQA_PACK = False
+# launch before packing).
+DEFAULT_GQA_PACK = True
 
 
 def smem_bytes(stages: int = STAGES, block_n: int = BLOCK_N) -> int:
