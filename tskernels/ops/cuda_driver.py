@@ -6,6 +6,9 @@ descriptors are 128-byte by-value kernel parameters, which CuPy's launcher does 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import logging
+import os
 import threading
 from pathlib import Path
 
@@ -63,6 +66,51 @@ def nvrtc_cubin(source: str, name: str, options: tuple[str, ...], arch: str) -> 
     return cubin
 
 
+def cubin_cache_dir() -> Path | None:
+    """Where compiled cubins are kept between processes: $TSKERNELS_CACHE/cubin (default
+    ~/.cache/tskernels/cubin); None when TSKERNELS_CUBIN_CACHE=0."""
+    if os.environ.get("TSKERNELS_CUBIN_CACHE", "1") == "0":
+        return None
+    base = os.environ.get("TSKERNELS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tskernels")
+    return Path(base) / "cubin"
+
+
+def cached_cubin(source: str, name: str, options: tuple[str, ...], arch: str) -> bytes:
+    """nvrtc_cubin through a disk cache, so that a new process does not rebuild the kernels
+    it used before: an engine's first paged extend pays the NVRTC builds of its split / packed
+    variants in that request's TTFT (on a fresh H200, with the merge kernel's first Triton
+    compile, a later agent turn took 247 ms instead of ~74; Triton keeps its own disk cache).
+    The key hashes the source, the shared headers' text, the options, the arch and the NVRTC
+    version; a file that is not an ELF image is rebuilt; an unwritable cache only costs the
+    rebuild."""
+    from cuda.bindings import nvrtc
+    root = cubin_cache_dir()
+    if root is None:
+        return nvrtc_cubin(source, name, options, arch)
+    h = hashlib.sha256()
+    for part in (source, *options, arch, repr(nvrtc.nvrtcVersion()[1:])):
+        h.update(part.encode() + b"\0")
+    for header in sorted(INCLUDE_DIR.glob("*.cuh")):
+        h.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
+    path = root / f"{Path(name).stem}-{arch}-{h.hexdigest()[:32]}.cubin"
+    try:
+        cubin = path.read_bytes()
+        if cubin.startswith(b"\x7fELF"):
+            return cubin
+    except OSError:
+        pass
+    cubin = nvrtc_cubin(source, name, options, arch)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(cubin)
+        tmp.replace(path)   # atomic: a concurrent reader sees the old file or the whole new one
+    except OSError as e:
+        logging.getLogger("tskernels").debug("cubin cache %s not written: %s", root, e)
+    return cubin
+
+
 def sm90a_function(device: torch.device, path, kernel: str, options: tuple[str, ...],
                    smem: int, what: str):
     """The kernel `kernel` of the source file `path` compiled for sm_90a with `options`, loaded
@@ -83,7 +131,7 @@ def arch_function(device: torch.device, path, kernel: str, options: tuple[str, .
             major, minor = torch.cuda.get_device_capability(device)
             if (major, minor) not in archs:
                 raise RuntimeError(f"{what}: {family} only, device is sm_{major}{minor}")
-            cubin = nvrtc_cubin(path.read_text(), path.name, options, archs[(major, minor)])
+            cubin = cached_cubin(path.read_text(), path.name, options, archs[(major, minor)])
             cu = driver()
             with torch.cuda.device(device):
                 torch.cuda.init()
