@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ...plan import PlanBase
+from ...platform import platform_of
 from ...registry import Capability, register
 from .. import cuda_driver
 from ..shared import extend_split as split_kv
@@ -246,8 +247,7 @@ def _work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, d
                              f"splits={splits!r}, gqa_pack={gqa_pack}")
         return 1, False, work_list(counts, prefixes=prefixes)
     g = group if gqa_pack else 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count \
-        if splits is None else 0
+    sms = platform_of(device).num_sms if splits is None else 0
     splits = split_kv.resolve_splits(splits, counts, prefixes, hq, sms, BLOCK_M, block_n, g)
     if splits > 1:
         return splits, gqa_pack, split_kv.split_work(counts, prefixes, splits, BLOCK_M,

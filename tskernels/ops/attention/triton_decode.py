@@ -46,7 +46,6 @@ from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
 from ..shared.split_kv import choose_splits, merge_group, merge_kernel, merge_warps
-
 # the decode space lives in the family tuning module (attention/_tune.py) with the others
 from ._tune import DECODE as SPACE, DECODE_KERNEL as TUNE_KERNEL  # noqa: F401
 from ._tune import decode_problem as tune_problem
