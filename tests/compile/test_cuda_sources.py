@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import tskernels
 from tskernels.ops.attention import cuda_decode, cuda_extend
@@ -120,6 +121,7 @@ def _build_sm90a(src, opts, tmp: Path) -> tuple[str, dict]:
         spill_bytes=int(spill.group(1)) if spill else 0,
         serialized="Potential Performance Loss" in cub.stderr, log=cub.stderr[-2000:],
         sass_wgmma=bool(re.search(r"\bHGMMA\.64x\d+x16", sass)),
+        sass_qgmma=len(re.findall(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3", sass)),
         sass_tma=bool(re.search(r"\bUTMALDG\b", sass)))
 
 
@@ -177,3 +179,36 @@ def test_cuda_mla_decode_compiles(tmp_path):
         assert r["registers"] and r["registers"] <= 168 and r["spill_bytes"] == 0, r
         assert not r["serialized"], r["log"]
     _record("mla_decode_wgmma", rows)
+
+
+QGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3")
+# (block_n, stages, pipe, out dtype): the shipped config first, then what the GPU tier and the
+# lab script launch
+FP8_CONFIGS = [(128, 6, True, torch.bfloat16), (128, 6, False, torch.bfloat16),
+               (256, 4, False, torch.bfloat16), (128, 6, True, torch.float16),
+               (256, 4, False, torch.float32)]
+
+
+def test_cuda_fp8_block_mm_compiles(tmp_path):
+    """The block-fp8 GEMM builds for sm_90a with its e4m3 warpgroup MMAs (QGMMA 64x128x32 in
+    the SASS) and TMA copies, no spills, no ptxas-serialised MMAs, within the shared-memory
+    limit, for every config it launches."""
+    from tskernels.ops.gemm import cuda_fp8_sm90 as fp8
+    spec = next(k for k in tskernels.kernels() if k.name == "gemm.fp8_block_mm.cuda_sm90")
+    assert spec.verification.compiled == frozenset({"sm_90"})
+    cfg = fp8.CONFIG
+    assert (cfg["block_n"], cfg["stages"], cfg["pipe"]) == FP8_CONFIGS[0][:3]
+    rows = []
+    for bn, stages, pipe, out in FP8_CONFIGS:
+        fp8.check_config({"block_n": bn, "stages": stages, "pipe": pipe})
+        text, r = _build_sm90a(fp8.SOURCE, fp8.nvcc_options(bn, stages, pipe, out), tmp_path)
+        r.update(kernel="fp8_block_wgmma", block_n=bn, stages=stages, pipe=pipe, out=str(out),
+                 wgmma=bool(QGMMA.search(text)), tma=bool(TMA.search(text)),
+                 smem=fp8.smem_bytes(bn, stages))
+        rows.append(r)
+        # 4 MMAs per 128-deep K block, per 128-column half (x2 for the pair of temporaries)
+        assert r["wgmma"] and r["tma"] and r["sass_tma"], r
+        assert r["sass_qgmma"] == (8 if pipe or bn == 256 else 4), r
+        assert r["spill_bytes"] == 0 and not r["serialized"], r["log"]
+        assert r["smem"] <= fp8.SMEM_LIMIT, r
+    _record("fp8_block_wgmma", rows)

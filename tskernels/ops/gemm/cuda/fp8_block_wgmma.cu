@@ -1,0 +1,285 @@
+// Block-scaled fp8 GEMM for Hopper (sm_90a), DeepSeek-V3 layout: c[M, N] = sum over 128-wide
+// K blocks kb of (A[:, kb] B[:, kb]^T) * a_scale[m, kb] * b_scale[n / 128, kb], with A e4m3
+// [M, K] (1 x 128 activation groups) and B e4m3 [N, K] (128 x 128 weight blocks), fp32
+// accumulation, bf16 (default), fp16 (-DOUT_F16) or fp32 (-DOUT_F32) output.
+//
+// Why CUDA: each K block's product must be scaled before it joins the accumulator, so the
+// MMA result lands in a temporary and is "promoted" on the CUDA cores. Triton 3.6 on sm_90
+// waits for every wgmma and then runs the promotion with the tensor cores idle (0.61-0.78x
+// cuBLAS at M = 4096, benchmarks/RESULTS.md "Issue 24, second approaches", part 4). Here two
+// consumer warpgroups take turns: while one promotes its 64 rows, the other's MMAs run.
+//
+// Persistent CTAs (grid = min(tiles, SMs)) of 384 threads walk the [BM x BN] output tiles in
+// grouped order (group_m tile rows at a time, for L2 reuse of the weight tiles), tile
+// t = blockIdx.x + i * gridDim.x:
+//  * warpgroup 0 (producer) gives its registers away (setmaxnreg); its warp 0 fills a
+//    STAGES-deep ring: lane 0 issues the TMA copies of the A [BM x 128] and B [BN x 128] boxes
+//    (128-byte swizzle, rows past M / N and columns past K read as zeros) and every lane copies
+//    a slice of the stage's scales (BM activation scales, BN / 128 weight scales) into shared
+//    memory; the stage's "full" mbarrier completes on 32 arrivals and the TMA bytes;
+//  * warpgroups 1 and 2 (consumers) own rows 0..63 and 64..127 of the tile. Per K block and
+//    128-column half h: 4 x wgmma m64n128k32 (e4m3, both operands K-major from shared memory)
+//    into t, wait, then acc[h] += t * (a_scale[row] * b_scale[h]); the stage is released
+//    (256 arrivals on "empty") once its last MMA is in. -DPIPE (BN = 128 only) keeps two
+//    temporaries: block kb's MMAs run while block kb - 1 is promoted.
+//  * the epilogue stores each thread's accumulator rows straight from registers (rows past M
+//    and columns past N skipped), while the producer already loads the next tile's stages.
+// Options (-D): BN (128 / 256), STAGES, PIPE, OUT_F16 / OUT_F32. Shared helpers (mbarriers,
+// TMA, descriptors, fences): hopper_common.cuh.
+
+#ifndef BN
+#define BN 128
+#endif
+#ifndef STAGES
+#define STAGES (BN == 128 ? 6 : 4)
+#endif
+#if BN != 128 && BN != 256
+#error "BN must be 128 or 256 (whole 128-column weight-scale blocks)"
+#endif
+#if defined(PIPE) && BN != 128
+#error "PIPE (two temporaries) needs BN = 128 (registers: 3 x 64 accumulators)"
+#endif
+#define DT "bf16"                  // hopper_common.cuh's 16-bit MMA wrappers (unused here)
+#ifdef OUT_F16
+#define CVT_PACK "cvt.rn.f16x2.f32"
+#else
+#define CVT_PACK "cvt.rn.bf16x2.f32"
+#endif
+#define BM 128                     // tile rows: two consumer warpgroups x 64
+#define BK 128                     // one activation / weight scale block of K per stage
+#define NH (BN / 128)              // 128-column halves of a tile (one weight scale each)
+#define A_TILE (BM * BK)           // bytes (e4m3)
+#define B_TILE (BN * BK)
+#define STAGE_BYTES (A_TILE + B_TILE)
+#define SC_FLOATS (BM + 8)         // a stage's scales: BM activation, NH weight (padded)
+#define SC_OFFSET (STAGES * STAGE_BYTES)
+#define BAR_OFFSET (SC_OFFSET + STAGES * SC_FLOATS * 4)
+#define SMEM_BYTES (BAR_OFFSET + 16 * STAGES + 1024)  // + alignment slack
+#define PRODUCER_REGS 40           // 40 + 2 x 232 registers per thread <= 512
+#define CONSUMER_REGS 232
+
+#include "hopper_common.cuh"
+
+// d (+)= A (smem, K-major) * B (smem, K-major), e4m3 x e4m3 -> f32: [64 x 32] x [32 x 128]
+__device__ __forceinline__ void wgmma_e4m3_m64n128(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// "full" takes the stage's TMA bytes without an arrival of its own (its 32 arrivals come from
+// the producer warp's lanes once their scale copies are written)
+__device__ __forceinline__ void mbar_expect_tx_only(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+
+// tile t of the grouped order: group_m tile rows at a time, down each column of the group
+__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int group_m,
+                                            int& mb, int& nb) {
+    const int per_group = group_m * tiles_n, g = t / per_group, first = g * group_m;
+    const int rows = min(tiles_m - first, group_m), r = t - g * per_group;
+    mb = first + r % rows;
+    nb = r / rows;
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs(float* x) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) reg_fence(x[i]);
+}
+
+// d = 4 MMAs over one 128-deep K block: A rows of this warpgroup (sa), B rows of half h (sb)
+__device__ __forceinline__ void issue_block(float* d, u32 sa, u32 sb) {
+    fence_regs<64>(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        wgmma_e4m3_m64n128(d, desc(sa + kk * 32, 16, 1024), desc(sb + kk * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+}
+
+// acc (one 128-column half: 64 values) += t * scale of its row (s0: row r, s1: row r + 8)
+__device__ __forceinline__ void promote(float* acc, const float* t, float s0, float s1) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        acc[4 * i] = fmaf(t[4 * i], s0, acc[4 * i]);
+        acc[4 * i + 1] = fmaf(t[4 * i + 1], s0, acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(t[4 * i + 2], s1, acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(t[4 * i + 3], s1, acc[4 * i + 3]);
+    }
+}
+
+// two adjacent outputs (x: column col, y: col + 1) of row `row`; pair: col + 1 < N and the
+// pair is aligned for one store
+__device__ __forceinline__ void store2(void* c, long off, float x, float y, bool pair,
+                                       bool second) {
+#if defined(OUT_F32)
+    float* p = (float*)c + off;
+    if (pair) { *(float2*)p = make_float2(x, y); } else { p[0] = x; if (second) p[1] = y; }
+#else
+    u16* p = (u16*)c + off;
+    const u32 v = pack2(x, y);
+    if (pair) { *(u32*)p = v; } else { p[0] = (u16)(v & 0xffffu); if (second) p[1] = (u16)(v >> 16); }
+#endif
+}
+
+#ifdef PIPE
+// wait for ring slot of block i, read its scales (s0 / s1: rows r0 / r0 + 8 times the weight
+// scale), issue its MMAs into d
+__device__ __forceinline__ void stage_issue(float* d, float& s0, float& s1, u32 ring,
+                                            const float* scales, u32 bars, int i, int w, int r0) {
+    const int s = i % STAGES;
+    mbar_wait_uniform(bars + 8 * s, (i / STAGES) & 1);
+    const float* sc = scales + s * SC_FLOATS;
+    s0 = sc[r0] * sc[BM];
+    s1 = sc[r0 + 8] * sc[BM];
+    const u32 st = ring + s * STAGE_BYTES;
+    issue_block(d, st + (r0 / 64) * 64 * 128, st + A_TILE);
+}
+// once at most PENDING groups are in flight, block i (in d) is in: free its slot, promote it
+template <int PENDING>
+__device__ __forceinline__ void stage_finish(float* acc, float* d, float s0, float s1, u32 bars,
+                                             int i) {
+    wgmma_wait<PENDING>();
+    fence_regs<64>(d);
+    mbar_arrive(bars + 8 * (STAGES + i % STAGES));
+    promote(acc, d, s0, s1);
+}
+#endif
+
+// amap: A as a 2-D [M, K] byte tensor, boxes of 128 columns x BM rows; bmap: B [N, K], boxes
+// of 128 x BN rows. a_scale [M, KB] (row stride as_st), b_scale [ceil(N / 128), KB] (row
+// stride bs_st), fp32. c [M, N] with row stride ldc (elements); vec2: ldc even and c 4-byte
+// (8 for fp32) aligned, so column pairs go out as one store.
+extern "C" __global__ void __launch_bounds__(384, 1)
+fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constant__ TensorMap bmap,
+                    const float* __restrict__ a_scale, const float* __restrict__ b_scale,
+                    void* __restrict__ c, int M, int N, int KB, long ldc, long as_st,
+                    long bs_st, int tiles_m, int tiles_n, int group_m, int vec2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
+    const u32 ring = base, bars = base + BAR_OFFSET;
+    float* const scales = (float*)(smem_raw + (base - raw) + SC_OFFSET);  // [STAGES][SC_FLOATS]
+    // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
+    const int tid = threadIdx.x, wg = tid >> 7, num_tiles = tiles_m * tiles_n;
+#ifdef PIPE
+    const int KBP = KB + (KB & 1);  // K blocks per tile, padded to even (see the main loop)
+#else
+    const int KBP = KB;
+#endif
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 32);                   // the producer warp's lanes (+ bytes)
+            mbar_init(bars + 8 * (STAGES + s), 256);       // consumer threads
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
+        if (tid < 32) {
+            const int lane = tid;
+            int it = 0;  // K blocks issued by this CTA so far (ring slot and phase)
+            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+                int mb, nb;
+                tile_coords(tile, tiles_m, tiles_n, group_m, mb, nb);
+                const int m0 = mb * BM, n0 = nb * BN;
+                for (int kb = 0; kb < KBP; ++kb, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((it / STAGES) - 1) & 1);
+                    const u32 dst = ring + s * STAGE_BYTES, full = bars + 8 * s;
+                    if (lane == 0) {
+                        mbar_expect_tx_only(full, STAGE_BYTES);
+                        tma_load(dst, &amap, kb * BK, m0, full);
+                        tma_load(dst + A_TILE, &bmap, kb * BK, n0, full);
+                    }
+                    float* sc = scales + s * SC_FLOATS;
+#pragma unroll
+                    for (int j = 0; j < BM / 32; ++j) {
+                        const int r = m0 + lane + 32 * j;
+                        sc[lane + 32 * j] = r < M && kb < KB ? __ldg(a_scale + r * as_st + kb) : 0.f;
+                    }
+                    if (lane < NH) {
+                        const int nbk = n0 / 128 + lane;  // weight-scale block of half `lane`
+                        sc[BM + lane] = nbk * 128 < N && kb < KB ? __ldg(b_scale + nbk * bs_st + kb) : 0.f;
+                    }
+                    mbar_arrive(full);  // release: the scale stores above come first
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
+    const int w = wg - 1, tw = tid - 128 * wg, warp = tw >> 5, lane = tw & 31;
+    const int r0 = 64 * w + 16 * warp + (lane >> 2), q = lane & 3;  // rows r0, r0 + 8 (tile)
+    float acc[BN / 2];
+#ifdef PIPE
+    float ta[64], tb[64];
+#else
+    float t[64];
+#endif
+    int it = 0;  // K blocks consumed so far (ring slot and phase), as the producer counts
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        int mb, nb;
+        tile_coords(tile, tiles_m, tiles_n, group_m, mb, nb);
+        const int m0 = mb * BM, n0 = nb * BN;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+#ifdef PIPE
+        // K blocks in pairs: both blocks' MMAs are issued (into ta / tb), then the first is
+        // promoted while the second's MMAs still run. ptxas serialises every wgmma when a
+        // temporary is read with its MMAs pending across the loop's back edge (a pipeline
+        // of one block in flight over iterations), so the pair is the software pipeline; the
+        // producer pads every tile to an even number of blocks (KBP; a padded block is all
+        // zeros past K, with zero scales).
+        for (int kb = 0; kb < KBP; kb += 2) {
+            float pa0, pa1, pb0, pb1;  // scale products of the blocks in ta / tb
+            stage_issue(ta, pa0, pa1, ring, scales, bars, it + kb, w, r0);
+            stage_issue(tb, pb0, pb1, ring, scales, bars, it + kb + 1, w, r0);
+            stage_finish<1>(acc, ta, pa0, pa1, bars, it + kb);
+            stage_finish<0>(acc, tb, pb0, pb1, bars, it + kb + 1);
+        }
+        it += KBP;
+#else
+        for (int kb = 0; kb < KB; ++kb, ++it) {
+            const int s = it % STAGES;
+            mbar_wait_uniform(bars + 8 * s, (it / STAGES) & 1);
+            const float* sc = scales + s * SC_FLOATS;
+            const float a0 = sc[r0], a1 = sc[r0 + 8];
+            const u32 st = ring + s * STAGE_BYTES;
+#pragma unroll
+            for (int h = 0; h < NH; ++h) {
+                const float bs = sc[BM + h];
+                issue_block(t, st + w * 64 * 128, st + A_TILE + h * 128 * 128);
+                wgmma_wait<0>();
+                fence_regs<64>(t);
+                if (h == NH - 1) mbar_arrive(bars + 8 * (STAGES + s));  // stage free
+                promote(acc + 64 * h, t, a0 * bs, a1 * bs);
+            }
+        }
+#endif
+        // epilogue: acc[4 j + e] is row r0 (e < 2) or r0 + 8, column 8 j + 2 q + (e & 1)
+        const int gr0 = m0 + r0, gr1 = gr0 + 8;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + 8 * j + 2 * q;
+            if (col < N) {
+                const bool second = col + 1 < N, pair = second && vec2;
+                if (gr0 < M) store2(c, gr0 * ldc + col, acc[4 * j], acc[4 * j + 1], pair, second);
+                if (gr1 < M)
+                    store2(c, gr1 * ldc + col, acc[4 * j + 2], acc[4 * j + 3], pair, second);
+            }
+        }
+    }
+#else
+    asm volatile("trap;\n");  // built without sm_90a features: fail loudly, never return zeros
+#endif
+}

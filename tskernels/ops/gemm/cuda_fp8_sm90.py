@@ -1,0 +1,128 @@
+"""Hand-written block-scaled fp8 GEMM for Hopper (`cuda/fp8_block_wgmma.cu`): the prefill
+shapes of `gemm.fp8_block_mm` (DeepSeek-V3 layout: 1 x 128 activation groups, 128 x 128 weight
+blocks, fp32 accumulation).
+
+What it adds over the Triton kernel: every K block's product is scaled before it joins the
+accumulator; Triton 3.6 on sm_90 waits for each wgmma and promotes with the tensor cores idle,
+while here a producer warpgroup feeds a TMA ring and two consumer warpgroups alternate MMAs and
+promotion (the source's header has the design). Auto-selected only above 64 rows (`prefer`):
+decode rows stream the weight through the Triton split-K kernel.
+
+Compiled at first use with NVRTC for sm_90a, launched with the driver API on torch's current
+stream; the operands' TMA descriptors are encoded on the host per call (no device work, no
+sync: CUDA-graph capturable). Operands whose rows are not 16-byte aligned (K % 16, a strided
+view) are copied once into a padded buffer (TMA's requirement).
+
+Verification: tests/compile/test_cuda_sources.py builds every config with nvcc and checks the
+e4m3 warpgroup MMAs (QGMMA) and TMA copies in the SASS; the GPU tier
+(tests/kernels/test_gemm_cuda_fp8.py) runs it against the float64 reference on the H200.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from ...platform import platform_of
+from ...registry import Capability, register
+from .. import cuda_driver
+
+SOURCE = Path(__file__).with_name("cuda") / "fp8_block_wgmma.cu"
+KERNEL = "fp8_block_mm_kernel"
+BLOCK = 128            # the scale blocks this kernel takes (K and weight rows)
+BLOCK_M = 128          # tile rows: two consumer warpgroups x 64
+THREADS = 384          # producer + two consumer warpgroups
+SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
+# block_n: tile columns (128 or 256); stages: ring depth; pipe: two temporaries per consumer
+# (K blocks in pairs, block_n 128 only); group_m: tile rows walked together (L2 reuse)
+CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8}
+
+
+def smem_bytes(block_n: int, stages: int) -> int:
+    """The ring (A [128 x 128] and B [block_n x 128] e4m3 per stage), each stage's scales
+    (128 + 8 floats), the mbarriers and 1 KB of alignment slack (the source's SMEM_BYTES)."""
+    return stages * (BLOCK_M + block_n) * BLOCK + stages * (BLOCK_M + 8) * 4 + 16 * stages + 1024
+
+
+def nvcc_options(block_n: int, stages: int, pipe: bool, out_dtype: torch.dtype
+                 ) -> tuple[str, ...]:
+    out = {torch.bfloat16: (), torch.float16: ("-DOUT_F16",), torch.float32: ("-DOUT_F32",)}
+    return ("-std=c++17", cuda_driver.INCLUDE, f"-DBN={block_n}", f"-DSTAGES={stages}",
+            *(("-DPIPE",) if pipe else ()), *out[out_dtype])
+
+
+def check_config(cfg: dict) -> dict:
+    cfg = {**CONFIG, **(cfg or {})}
+    bn, stages = cfg["block_n"], cfg["stages"]
+    if bn not in (128, 256) or stages < 2 or smem_bytes(bn, stages) > SMEM_LIMIT:
+        raise ValueError(f"CUDA fp8 GEMM: block_n 128 or 256 and 2+ stages within "
+                         f"{SMEM_LIMIT} bytes of shared memory, got {bn}, {stages}")
+    if cfg["pipe"] and bn != 128:
+        raise ValueError("CUDA fp8 GEMM: pipe needs block_n 128 (three 64-value accumulators)")
+    if not (isinstance(cfg["group_m"], int) and cfg["group_m"] >= 1):
+        raise ValueError(f"CUDA fp8 GEMM: group_m a positive int, got {cfg['group_m']!r}")
+    return cfg
+
+
+def _tma_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [rows, K] e4m3 as TMA reads it: unit last stride, rows a multiple of 16 bytes apart,
+    a 16-byte-aligned base; otherwise a zero-padded copy (zeros add nothing)."""
+    if t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.stride(0) >= t.shape[1] and \
+            t.data_ptr() % 16 == 0:
+        return t
+    k16 = -(-t.shape[1] // 16) * 16
+    out = torch.zeros(t.shape[0], k16, dtype=t.dtype, device=t.device)
+    out[:, :t.shape[1]] = t
+    return out
+
+
+def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+        out: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """out [M, N] (bf16 / fp16 / fp32, unit last stride) = the block-scaled product of
+    a [M, K] and b [N, K] (e4m3) with a_scale [M, ceil(K / 128)] and b_scale
+    [ceil(N / 128), ceil(K / 128)] (float32). config: see CONFIG."""
+    cfg = check_config(config)
+    (m, k), n = a.shape, b.shape[0]
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    dev = a.device
+    if dev.type != "cuda" or out.stride(1) != 1:
+        raise ValueError("CUDA fp8 GEMM: CUDA tensors and an output with unit last stride")
+    bn, stages = cfg["block_n"], cfg["stages"]
+    a, b = _tma_rows(a), _tma_rows(b)
+    a_scale, b_scale = a_scale.float().contiguous(), b_scale.float().contiguous()
+    smem = smem_bytes(bn, stages)
+    fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL,
+                                    nvcc_options(bn, stages, cfg["pipe"], out.dtype), smem,
+                                    "CUDA fp8 block GEMM")
+    amap = cuda_driver.tensor_map_2d(a, m, k, a.stride(0), BLOCK_M, box_cols=BLOCK)
+    bmap = cuda_driver.tensor_map_2d(b, n, k, b.stride(0), bn, box_cols=BLOCK)
+    tiles_m, tiles_n = -(-m // BLOCK_M), -(-n // bn)
+    grid = min(tiles_m * tiles_n, platform_of(dev).num_sms)
+    vec2 = out.stride(0) % 2 == 0 and out.data_ptr() % (2 * out.element_size()) == 0
+    args = (amap, bmap, ctypes.c_uint64(a_scale.data_ptr()), ctypes.c_uint64(b_scale.data_ptr()),
+            ctypes.c_uint64(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n),
+            ctypes.c_int(-(-k // BLOCK)), ctypes.c_int64(out.stride(0)),
+            ctypes.c_int64(a_scale.stride(0)), ctypes.c_int64(b_scale.stride(0)),
+            ctypes.c_int(tiles_m), ctypes.c_int(tiles_n), ctypes.c_int(cfg["group_m"]),
+            ctypes.c_int(int(vec2)))
+    cuda_driver.launch(fn, grid, THREADS, smem, dev, args)
+    return out
+
+
+@register("gemm", "fp8_block_mm", backend="cuda_sm90",
+          capability=Capability(vendors=frozenset({"nvidia"}), min_sm=90, max_sm=90,
+                                features=frozenset({"wgmma", "tma", "fp8"}),
+                                modules=frozenset({"cuda.bindings"})),
+          formats={"a": ("fp8_e4m3",), "b": ("fp8_e4m3",), "c": ("bf16", "fp16", "fp32")},
+          traits={"block": (BLOCK,)}, prefer={"large_m": (True,)}, band="specialized",
+          tags=("deterministic",), compiled=("sm_90",),
+          description="CUDA block-fp8 GEMM (wgmma e4m3 + TMA, sm_90a): producer warpgroup, two "
+                      "consumer warpgroups alternating MMA and scale promotion; above 64 rows.")
+def fp8_block_mm(a, a_scale, b, b_scale, *, out_dtype, block):
+    """CUDA block-fp8 GEMM (sm_90a), persistent [128 x 128] tiles."""
+    out = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.device)
+    return run(a, a_scale, b, b_scale, out)
