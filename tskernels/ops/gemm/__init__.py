@@ -19,6 +19,7 @@ from ... import _check
 from ...registry import fmt, select
 from . import cpu_stream, reference, torch_native  # noqa: F401  (register backends)
 from . import triton_fp8, triton_gemv, triton_gemv_fused, triton_mm  # noqa: F401  (backends)
+from . import cuda_fp8_sm90  # noqa: F401  (Hopper block-fp8 GEMM, wgmma + TMA)
 from . import cuda_mm_sm100  # noqa: F401  (Blackwell tcgen05: compiled, not run)
 from . import cuda_mm_sm100_2cta  # noqa: F401  (Blackwell CTA pairs: compiled, not run, opt-in)
 from .int8w import int8w_mm, quantize_int8_per_channel
@@ -30,6 +31,7 @@ __all__ = ["fp8_block_mm", "gemv", "int8w_mm", "mm", "q4w_mm", "quantize_fp8_blo
            "silu_and_mul_quantize_fp8", "silu_mul_gemv"]
 
 GEMV_MAX_M = 16
+GEMV_FP8_MAX_M = 64  # fp8_block_mm rows the Triton backend streams the weight for (decode)
 SCALE_DTYPES = (torch.float32, torch.float64)
 
 
@@ -181,9 +183,10 @@ def fp8_block_mm(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scal
     _check.tensor("b_scale", b_scale, dtypes=SCALE_DTYPES, shape=(-(-n // block), kb),
                   device=a.device)
     _out_dtype(out_dtype)
+    # large_m: more rows than the decode kernels take (a bool, so selections cache per bucket)
     kern = select("gemm", "fp8_block_mm", device=a.device,
                   formats={"a": fmt(a.dtype), "b": fmt(b.dtype), "c": fmt(out_dtype)},
-                  traits={"block": block}, backend=backend)
+                  traits={"block": block, "large_m": m > GEMV_FP8_MAX_M}, backend=backend)
     return kern(a, a_scale, b, b_scale, out_dtype=out_dtype, block=block)
 
 
