@@ -23,12 +23,22 @@ from tskernels.ops.gemm import cuda_fp8_sm90 as cf, triton_mm as tm
 
 ROTATE_BYTES = 150 << 20
 CUDA_CONFIGS = {
-    "bn128_s6_pipe": dict(block_n=128, stages=6, pipe=True),
-    "bn128_s6": dict(block_n=128, stages=6, pipe=False),
     "bn256_s4": dict(block_n=256, stages=4, pipe=False),
-    "bn128_s6_pipe_g16": dict(block_n=128, stages=6, pipe=True, group_m=16),
-    "bn128_s4_pipe": dict(block_n=128, stages=4, pipe=True),
+    "bn256_s4_c2": dict(block_n=256, stages=4, pipe=False, cluster=2),
+    "bn256_s4_c2_g4": dict(block_n=256, stages=4, pipe=False, cluster=2, group_m=4),
+    "bn256_s4_c2_g16": dict(block_n=256, stages=4, pipe=False, cluster=2, group_m=16),
+    "bn128_s6_c2": dict(block_n=128, stages=6, pipe=False, cluster=2),
+    "bn128_s6_pipe": dict(block_n=128, stages=6, pipe=True),
 }
+
+
+def _pairs(cfg) -> int:
+    from tskernels.ops import cuda_driver
+    c = cf.check_config(cfg)
+    smem = cf.smem_bytes(c["block_n"], c["stages"])
+    fn = cuda_driver.sm90a_function(torch.device("cuda", 0), cf.SOURCE, cf.KERNEL, cf.nvcc_options(
+        c["block_n"], c["stages"], c["pipe"], torch.bfloat16, c["cluster"]), smem, "fp8")
+    return cf.resident_clusters(fn, smem, torch.device("cuda", 0), c["cluster"])
 
 
 def main() -> None:
@@ -38,6 +48,8 @@ def main() -> None:
     t_end = time.time() + budget
     out_dir.mkdir(parents=True, exist_ok=True)
     roof = core.copy_bandwidth("cuda")
+    print("resident CTA pairs:", {name: _pairs(cfg) for name, cfg in CUDA_CONFIGS.items()
+                                  if cfg.get("cluster", 1) == 2})
     rows = []
     shapes = [(m, n, k) for m in ms for n, k in cases.DSV3]
     if 4096 in ms:

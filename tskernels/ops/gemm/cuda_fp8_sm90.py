@@ -35,8 +35,9 @@ BLOCK_M = 128          # tile rows: two consumer warpgroups x 64
 THREADS = 384          # producer + two consumer warpgroups
 SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
 # block_n: tile columns (128 or 256); stages: ring depth; pipe: two temporaries per consumer
-# (K blocks in pairs, block_n 128 only); group_m: tile rows walked together (L2 reuse)
-CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8}
+# (K blocks in pairs, block_n 128 only); group_m: tile rows (cluster: tile-row pairs) walked
+# together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile
+CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8, "cluster": 1}
 
 
 def smem_bytes(block_n: int, stages: int) -> int:
@@ -45,11 +46,12 @@ def smem_bytes(block_n: int, stages: int) -> int:
     return stages * (BLOCK_M + block_n) * BLOCK + stages * (BLOCK_M + 8) * 4 + 16 * stages + 1024
 
 
-def nvcc_options(block_n: int, stages: int, pipe: bool, out_dtype: torch.dtype
-                 ) -> tuple[str, ...]:
+def nvcc_options(block_n: int, stages: int, pipe: bool, out_dtype: torch.dtype,
+                 cluster: int = 1) -> tuple[str, ...]:
     out = {torch.bfloat16: (), torch.float16: ("-DOUT_F16",), torch.float32: ("-DOUT_F32",)}
     return ("-std=c++17", cuda_driver.INCLUDE, f"-DBN={block_n}", f"-DSTAGES={stages}",
-            *(("-DPIPE",) if pipe else ()), *out[out_dtype])
+            *(("-DPIPE",) if pipe else ()), *((f"-DCLUSTER={cluster}",) if cluster > 1 else ()),
+            *out[out_dtype])
 
 
 def check_config(cfg: dict) -> dict:
@@ -58,8 +60,11 @@ def check_config(cfg: dict) -> dict:
     if bn not in (128, 256) or stages < 2 or smem_bytes(bn, stages) > SMEM_LIMIT:
         raise ValueError(f"CUDA fp8 GEMM: block_n 128 or 256 and 2+ stages within "
                          f"{SMEM_LIMIT} bytes of shared memory, got {bn}, {stages}")
-    if cfg["pipe"] and bn != 128:
-        raise ValueError("CUDA fp8 GEMM: pipe needs block_n 128 (three 64-value accumulators)")
+    if cfg["pipe"] and (bn != 128 or cfg["cluster"] != 1):
+        raise ValueError("CUDA fp8 GEMM: pipe needs block_n 128 (three 64-value accumulators) "
+                         "and no cluster (it spills there)")
+    if cfg["cluster"] not in (1, 2):
+        raise ValueError(f"CUDA fp8 GEMM: cluster 1 or 2, got {cfg['cluster']!r}")
     if not (isinstance(cfg["group_m"], int) and cfg["group_m"] >= 1):
         raise ValueError(f"CUDA fp8 GEMM: group_m a positive int, got {cfg['group_m']!r}")
     return cfg
@@ -77,6 +82,35 @@ def _tma_rows(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_resident: dict[tuple, int] = {}
+
+
+def resident_clusters(fn, smem: int, device: torch.device, cluster: int) -> int:
+    """How many CTAs (cluster = 1) or CTA pairs fit on the device at once: the SM count, or for
+    pairs the driver's cuOccupancyMaxActiveClusters (a pair must sit in one GPC, so an odd SM
+    left in a GPC idles); half the SMs if the driver cannot answer."""
+    sms = platform_of(device).num_sms
+    if cluster == 1:
+        return sms
+    key = (device.index, fn, smem)
+    if key not in _resident:
+        cu = cuda_driver.driver()
+        n = 0
+        try:
+            cfg = cu.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = cluster * sms, 1, 1
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = THREADS, 1, 1
+            cfg.sharedMemBytes = smem
+            with torch.cuda.device(device):
+                err, n = cu.cuOccupancyMaxActiveClusters(fn, cfg)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                n = 0
+        except Exception:  # older bindings: no such call or fields
+            n = 0
+        _resident[key] = int(n) if n else sms // cluster
+    return _resident[key]
+
+
 def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
         out: torch.Tensor, config: dict | None = None) -> torch.Tensor:
     """out [M, N] (bf16 / fp16 / fp32, unit last stride) = the block-scaled product of
@@ -91,17 +125,18 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     dev = a.device
     if dev.type != "cuda" or out.stride(1) != 1:
         raise ValueError("CUDA fp8 GEMM: CUDA tensors and an output with unit last stride")
-    bn, stages = cfg["block_n"], cfg["stages"]
+    bn, stages, cl = cfg["block_n"], cfg["stages"], cfg["cluster"]
     a, b = _tma_rows(a), _tma_rows(b)
     a_scale, b_scale = a_scale.float().contiguous(), b_scale.float().contiguous()
     smem = smem_bytes(bn, stages)
-    fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL,
-                                    nvcc_options(bn, stages, cfg["pipe"], out.dtype), smem,
-                                    "CUDA fp8 block GEMM")
+    opts = nvcc_options(bn, stages, cfg["pipe"], out.dtype, cl)
+    fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL, opts, smem, "CUDA fp8 block GEMM")
     amap = cuda_driver.tensor_map_2d(a, m, k, a.stride(0), BLOCK_M, box_cols=BLOCK)
-    bmap = cuda_driver.tensor_map_2d(b, n, k, b.stride(0), bn, box_cols=BLOCK)
+    bmap = cuda_driver.tensor_map_2d(b, n, k, b.stride(0), bn // cl, box_cols=BLOCK)
     tiles_m, tiles_n = -(-m // BLOCK_M), -(-n // bn)
-    grid = min(tiles_m * tiles_n, platform_of(dev).num_sms)
+    # persistent: no more CTAs (pairs) than can be resident at once
+    items = -(-tiles_m // cl) * tiles_n
+    grid = cl * min(items, resident_clusters(fn, smem, dev, cl))
     vec2 = out.stride(0) % 2 == 0 and out.data_ptr() % (2 * out.element_size()) == 0
     args = (amap, bmap, ctypes.c_uint64(a_scale.data_ptr()), ctypes.c_uint64(b_scale.data_ptr()),
             ctypes.c_uint64(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n),

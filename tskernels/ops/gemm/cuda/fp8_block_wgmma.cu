@@ -24,8 +24,14 @@
 //    temporaries: block kb's MMAs run while block kb - 1 is promoted.
 //  * the epilogue stores each thread's accumulator rows straight from registers (rows past M
 //    and columns past N skipped), while the producer already loads the next tile's stages.
-// Options (-D): BN (128 / 256), STAGES, PIPE, OUT_F16 / OUT_F32. Shared helpers (mbarriers,
-// TMA, descriptors, fences): hopper_common.cuh.
+// -DCLUSTER=2: CTA pairs (a cluster) take vertically adjacent tiles of one tile column, in
+// lockstep; each CTA's producer loads half of the shared B tile and multicasts it into both
+// CTAs, so a CTA reads A + B / 2 per stage from L2 instead of A + B (the single-CTA kernel is
+// bound by that L2 traffic on the H200: ~4.8 TB/s at every tile width, benchmarks/RESULTS.md).
+// A stage is then released by both CTAs' consumers (one elected thread per warpgroup arrives
+// on its own CTA's and on the peer's "empty" barrier), and the pair leaves together.
+// Options (-D): BN (128 / 256), STAGES, PIPE, CLUSTER (1 / 2), OUT_F16 / OUT_F32. Shared
+// helpers (mbarriers, TMA, descriptors, fences): hopper_common.cuh.
 
 #ifndef BN
 #define BN 128
@@ -35,6 +41,12 @@
 #endif
 #if BN != 128 && BN != 256
 #error "BN must be 128 or 256 (whole 128-column weight-scale blocks)"
+#endif
+#ifndef CLUSTER
+#define CLUSTER 1
+#endif
+#if CLUSTER != 1 && CLUSTER != 2
+#error "CLUSTER must be 1 or 2"
 #endif
 #if defined(PIPE) && BN != 128
 #error "PIPE (two temporaries) needs BN = 128 (registers: 3 x 64 accumulators)"
@@ -76,6 +88,44 @@ __device__ __forceinline__ void mbar_expect_tx_only(u32 bar, u32 bytes) {
     asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n"
                  :: "r"(bar), "r"(bytes) : "memory");
 }
+
+// a consumer warpgroup frees a stage: its leader (thread 0) arrives for all 128 threads on
+// this CTA's "empty" barrier (and, in a cluster, on the peer's, whose producer multicasts into
+// this CTA too). One arrival suffices: no thread passes wgmma.wait_group before the whole
+// warpgroup has issued the stage's MMAs, and each thread reads its scales before issuing.
+// Predicated inside the asm: a C++ branch between asynchronous MMAs makes ptxas serialise them.
+__device__ __forceinline__ void release_stage(u32 bar, int leader, u32 peer) {
+    asm volatile("{\n.reg .pred p;\n.reg .b64 st;\nsetp.ne.b32 p, %1, 0;\n"
+                 "@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n"
+                 :: "r"(bar), "r"(leader) : "memory");
+#if CLUSTER == 2
+    asm volatile("{\n.reg .pred p;\n.reg .b32 r;\nsetp.ne.b32 p, %1, 0;\n"
+                 "mapa.shared::cluster.u32 r, %0, %2;\n"
+                 "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}\n"
+                 :: "r"(bar), "r"(leader), "r"(peer) : "memory");
+#endif
+}
+
+#if CLUSTER == 2
+__device__ __forceinline__ u32 cluster_reg_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
+                 ::: "memory");
+}
+// tma_load into the same shared offset of every CTA in `mask`, completing bytes on each one's
+// mbarrier at `bar`'s offset
+__device__ __forceinline__ void tma_load_multicast(u32 dst, const TensorMap* map, int col,
+                                                   int row, u32 bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 :: "r"(dst), "l"((u64)map), "r"(col), "r"(row), "r"(bar), "h"(mask)
+                 : "memory");
+}
+#endif
 
 // tile t of the grouped order: group_m tile rows at a time, down each column of the group
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int group_m,
@@ -143,19 +193,22 @@ __device__ __forceinline__ void stage_issue(float* d, float& s0, float& s1, u32 
 // once at most PENDING groups are in flight, block i (in d) is in: free its slot, promote it
 template <int PENDING>
 __device__ __forceinline__ void stage_finish(float* acc, float* d, float s0, float s1, u32 bars,
-                                             int i) {
+                                             int i, int leader, u32 peer) {
     wgmma_wait<PENDING>();
     fence_regs<64>(d);
-    mbar_arrive(bars + 8 * (STAGES + i % STAGES));
+    release_stage(bars + 8 * (STAGES + i % STAGES), leader, peer);
     promote(acc, d, s0, s1);
 }
 #endif
 
 // amap: A as a 2-D [M, K] byte tensor, boxes of 128 columns x BM rows; bmap: B [N, K], boxes
-// of 128 x BN rows. a_scale [M, KB] (row stride as_st), b_scale [ceil(N / 128), KB] (row
+// of 128 x BN / CLUSTER rows. a_scale [M, KB] (row stride as_st), b_scale [ceil(N / 128), KB] (row
 // stride bs_st), fp32. c [M, N] with row stride ldc (elements); vec2: ldc even and c 4-byte
 // (8 for fp32) aligned, so column pairs go out as one store.
 extern "C" __global__ void __launch_bounds__(384, 1)
+#if CLUSTER == 2
+__cluster_dims__(2, 1, 1)
+#endif
 fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constant__ TensorMap bmap,
                     const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                     void* __restrict__ c, int M, int N, int KB, long ldc, long as_st,
@@ -166,7 +219,19 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
     const u32 ring = base, bars = base + BAR_OFFSET;
     float* const scales = (float*)(smem_raw + (base - raw) + SC_OFFSET);  // [STAGES][SC_FLOATS]
     // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
-    const int tid = threadIdx.x, wg = tid >> 7, num_tiles = tiles_m * tiles_n;
+    const int tid = threadIdx.x, wg = tid >> 7;
+#if CLUSTER == 2
+    // a work item is a pair of vertically adjacent tiles: this CTA takes row block 2 i + rank
+    const u32 rank = cluster_reg_rank(), peer = rank ^ 1;
+    u32 cid, ncl;
+    asm volatile("mov.u32 %0, %%clusterid.x;\nmov.u32 %1, %%nclusterid.x;\n"
+                 : "=r"(cid), "=r"(ncl));
+    const int first = cid, step = ncl, items_m = (tiles_m + 1) / 2;
+#else
+    const u32 rank = 0, peer = 0;
+    const int first = blockIdx.x, step = gridDim.x, items_m = tiles_m;
+#endif
+    const int num_items = items_m * tiles_n;
 #ifdef PIPE
     const int KBP = KB + (KB & 1);  // K blocks per tile, padded to even (see the main loop)
 #else
@@ -175,29 +240,38 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 32);                   // the producer warp's lanes (+ bytes)
-            mbar_init(bars + 8 * (STAGES + s), 256);       // consumer threads
+            mbar_init(bars + 8 * (STAGES + s), 2 * CLUSTER);  // consumer warpgroup leaders
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#if CLUSTER == 2
+    cluster_sync();  // the peer's barriers are initialised before anything multicasts into it
+#else
     __syncthreads();
+#endif
 
     if (wg == 0) {  // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(PRODUCER_REGS));
         if (tid < 32) {
             const int lane = tid;
             int it = 0;  // K blocks issued by this CTA so far (ring slot and phase)
-            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            for (int item = first; item < num_items; item += step) {
                 int mb, nb;
-                tile_coords(tile, tiles_m, tiles_n, group_m, mb, nb);
-                const int m0 = mb * BM, n0 = nb * BN;
+                tile_coords(item, items_m, tiles_n, group_m, mb, nb);
+                const int m0 = (mb * CLUSTER + (int)rank) * BM, n0 = nb * BN;
                 for (int kb = 0; kb < KBP; ++kb, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((it / STAGES) - 1) & 1);
                     const u32 dst = ring + s * STAGE_BYTES, full = bars + 8 * s;
                     if (lane == 0) {
-                        mbar_expect_tx_only(full, STAGE_BYTES);
+                        mbar_expect_tx_only(full, STAGE_BYTES);  // own A, all of B
                         tma_load(dst, &amap, kb * BK, m0, full);
+#if CLUSTER == 2
+                        tma_load_multicast(dst + A_TILE + rank * (B_TILE / 2), &bmap, kb * BK,
+                                           n0 + (int)rank * (BN / 2), full, 0x3);
+#else
                         tma_load(dst + A_TILE, &bmap, kb * BK, n0, full);
+#endif
                     }
                     float* sc = scales + s * SC_FLOATS;
 #pragma unroll
@@ -213,13 +287,11 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                 }
             }
         }
-        return;
-    }
-
-    // consumers
+    } else {  // consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(CONSUMER_REGS));
     const int w = wg - 1, tw = tid - 128 * wg, warp = tw >> 5, lane = tw & 31;
     const int r0 = 64 * w + 16 * warp + (lane >> 2), q = lane & 3;  // rows r0, r0 + 8 (tile)
+    const int leader = tw == 0;  // arrives on the "empty" barriers for the warpgroup
     float acc[BN / 2];
 #ifdef PIPE
     float ta[64], tb[64];
@@ -227,10 +299,10 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
     float t[64];
 #endif
     int it = 0;  // K blocks consumed so far (ring slot and phase), as the producer counts
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    for (int item = first; item < num_items; item += step) {
         int mb, nb;
-        tile_coords(tile, tiles_m, tiles_n, group_m, mb, nb);
-        const int m0 = mb * BM, n0 = nb * BN;
+        tile_coords(item, items_m, tiles_n, group_m, mb, nb);
+        const int m0 = (mb * CLUSTER + (int)rank) * BM, n0 = nb * BN;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 #ifdef PIPE
@@ -244,8 +316,8 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             float pa0, pa1, pb0, pb1;  // scale products of the blocks in ta / tb
             stage_issue(ta, pa0, pa1, ring, scales, bars, it + kb, w, r0);
             stage_issue(tb, pb0, pb1, ring, scales, bars, it + kb + 1, w, r0);
-            stage_finish<1>(acc, ta, pa0, pa1, bars, it + kb);
-            stage_finish<0>(acc, tb, pb0, pb1, bars, it + kb + 1);
+            stage_finish<1>(acc, ta, pa0, pa1, bars, it + kb, leader, peer);
+            stage_finish<0>(acc, tb, pb0, pb1, bars, it + kb + 1, leader, peer);
         }
         it += KBP;
 #else
@@ -261,7 +333,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                 issue_block(t, st + w * 64 * 128, st + A_TILE + h * 128 * 128);
                 wgmma_wait<0>();
                 fence_regs<64>(t);
-                if (h == NH - 1) mbar_arrive(bars + 8 * (STAGES + s));  // stage free
+                if (h == NH - 1) release_stage(bars + 8 * (STAGES + s), leader, peer);
                 promote(acc + 64 * h, t, a0 * bs, a1 * bs);
             }
         }
@@ -279,6 +351,10 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             }
         }
     }
+    }  // consumers
+#if CLUSTER == 2
+    cluster_sync();  // neither CTA leaves while its peer may still arrive on its barriers
+#endif
 #else
     asm volatile("trap;\n");  // built without sm_90a features: fail loudly, never return zeros
 #endif
