@@ -10,7 +10,8 @@
         for request_id, token_id, finish_reason in s.advance(plan, sampled):
             ...
 
-See scheduler/README.md for the plan layout, the retraction policy and the invariants.
+token_array(ids, vocab_size) turns a list of token ids into the int32 array submit() takes
+(None when an entry is not an int in range). See scheduler/README.md for the plan layout, the retraction policy and the invariants.
 This package does not import torch.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ._core import (
     Scheduler,
     SchedulerConfig,
     UnknownRequestError,
+    token_array,
 )
 
 __all__ = [
@@ -37,4 +39,5 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "UnknownRequestError",
+    "token_array",
 ]

@@ -369,15 +369,19 @@ class ModelRunner:
     def _eager_logits(self, plan, sample_rows: np.ndarray) -> torch.Tensor | None:
         """Run the plan's forward; logits of the sampling rows (None when none samples)."""
         input_ids, meta = self.step_meta(plan)
+        index = None   # the sampling rows' last tokens (None: every token is one)
+        if len(sample_rows):
+            last = np.asarray(plan.qo_indptr)[1:][sample_rows] - 1
+            if len(last) != len(input_ids) or (last != np.arange(len(last))).any():
+                # uploaded before the forward is enqueued, without waiting: a blocking copy
+                # behind the forward held the host until the device had run all of it, and the
+                # GPU then idled while the logits and sampling were launched
+                index = torch.from_numpy(last.astype(np.int64)).to(self.device, non_blocking=True)
         hidden = self.forward(input_ids, meta)
         if not len(sample_rows):
             return None
-        last = np.asarray(plan.qo_indptr)[1:][sample_rows] - 1
-        if len(last) == hidden.shape[0] and (last == np.arange(len(last))).all():
-            rows = hidden  # a decode step sampling every row: no gather, no index upload
-        else:
-            rows = hidden[torch.from_numpy(last.astype(np.int64)).to(self.device)]
-        return self.model.compute_logits(rows)
+        # (a decode step sampling every row: no gather)
+        return self.model.compute_logits(hidden if index is None else hidden[index])
 
     @staticmethod
     def _all_greedy(reqs: list[SampleRequest]) -> bool:

@@ -4,8 +4,13 @@
 // tuples.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
 
 #include "scheduler.h"
 
@@ -73,6 +78,37 @@ nb::list to_list(const std::vector<sched::Event>& events) {
   return nb::steal<nb::list>(list);
 }
 
+using OutIds = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
+
+// A list or tuple of token ids as an int32 array, in one pass that creates no Python object
+// per token: numpy's conversion of a 50k-token agent turn plus the engine's scan of the entry
+// types took ~2.5 ms on the development machine, every turn. nullopt when an entry is not
+// exactly an int (a bool, a numpy integer, a float, ...) or lies outside [0, vocab_size): the
+// caller's general path then takes it or names the bad entry.
+std::optional<OutIds> token_array(nb::handle ids, int64_t vocab_size) {
+  PyObject* seq = ids.ptr();
+  if (!PyList_Check(seq) && !PyTuple_Check(seq)) return std::nullopt;
+  if (vocab_size < 0 || vocab_size > int64_t(INT32_MAX) + 1)
+    throw std::invalid_argument("vocab_size must be in [0, 2**31], got " + std::to_string(vocab_size));
+  // (no Python code runs in the loop, so the list cannot change under it)
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  // (one entry at least: an empty vector's data() may be null, which numpy refuses)
+  auto out = std::make_unique<std::vector<int32_t>>(std::max<size_t>(size_t(n), 1));
+  int32_t* dst = out->data();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = items[i];
+    if (!PyLong_CheckExact(o)) return std::nullopt;
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow != 0 || v < 0 || v >= vocab_size) return std::nullopt;
+    dst[i] = static_cast<int32_t>(v);
+  }
+  std::vector<int32_t>* raw = out.release();
+  nb::capsule owner(raw, [](void* v) noexcept { delete static_cast<std::vector<int32_t>*>(v); });
+  return OutIds(raw->data(), {static_cast<size_t>(n)}, owner);
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -119,6 +155,10 @@ NB_MODULE(_core, m) {
                ", max_context=" + std::to_string(c.max_context) +
                ", decode_reserve_tokens=" + std::to_string(c.decode_reserve_tokens) + ")";
       });
+
+  m.def("token_array", &token_array, "ids"_a.none(), "vocab_size"_a,
+        "int32 array of a list / tuple of exact ints in [0, vocab_size), or None (any other "
+        "entry).");
 
   auto ro = nb::rv_policy::reference_internal;  // views keep their Plan alive
   nb::class_<Plan>(m, "Plan")

@@ -234,3 +234,30 @@ def test_cached_pages_are_evicted_lru_under_pressure():
     d.drain()
     st = d.s.stats()
     assert st["evictions"] >= 5 and st["used_pages"] == 0
+
+
+def test_token_array_converts_lists_and_tuples_of_ints():
+    """The engine's one-pass prompt conversion: the same int32 ids numpy gives, or None."""
+    ids = np.random.default_rng(0).integers(0, 1000, 5000).tolist()
+    for seq in (ids, tuple(ids), [0, 999]):
+        a = scheduler.token_array(seq, 1000)
+        assert a.dtype == np.int32 and a.shape == (len(seq),)
+        np.testing.assert_array_equal(a, np.array(seq, dtype=np.int64))
+    empty = scheduler.token_array([], 10)
+    assert empty.dtype == np.int32 and empty.shape == (0,)
+    a = scheduler.token_array(ids, 1000)
+    del ids
+    assert int(a[0]) >= 0 and len(a) == 5000   # the array owns its ids
+
+
+@pytest.mark.parametrize("ids", [
+    [1, True], [1, 2.0], [1, np.int64(2)], [1, 10], [-1], [3, 2 ** 40], [2 ** 70],
+    np.array([1, 2]), "ab", None, 7,
+])
+def test_token_array_is_none_for_anything_but_ints_in_range(ids):
+    assert scheduler.token_array(ids, 10) is None
+
+
+def test_token_array_rejects_a_bad_vocab_size():
+    with pytest.raises(ValueError, match="vocab_size"):
+        scheduler.token_array([1], -1)

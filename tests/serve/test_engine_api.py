@@ -122,6 +122,15 @@ def test_prompt_as_numpy_or_numpy_ints_runs_like_a_list(engine):
     assert len(toks["list"]) == 4 and toks["array"] == toks["list"] == toks["np ints"]
 
 
+def test_prompt_check_gives_the_same_ids_for_every_input_kind(engine):
+    """A list (the C++ conversion), a tuple, an array and numpy ints (numpy's) give one array."""
+    want = np.array(PROMPT, dtype=np.int32)
+    for prompt in (PROMPT, tuple(PROMPT), np.array(PROMPT), [np.int32(t) for t in PROMPT]):
+        got = engine._check_prompt(prompt)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+
+
 def test_add_request_rejects_bad_id_and_params(engine):
     with pytest.raises(ValueError, match="request_id"):
         engine.add_request("", PROMPT, SamplingParams())
