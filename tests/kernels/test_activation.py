@@ -60,3 +60,14 @@ def test_gelu_tanh_reference_is_torch_tanh_gelu_in_float64():
     torch.testing.assert_close(y.view(3, 32).double(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="even"):
         tskernels.activation.gelu_tanh_and_mul(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul"])
+def test_chained_launches_match_the_reference(kernel_device, monkeypatch, op):
+    """The chained wrappers (shared/pdl.CHAIN "act_and_mul") give the plain kernels' results."""
+    from tskernels.ops.shared import pdl
+    monkeypatch.setattr(pdl, "CHAIN", frozenset({"act_and_mul"}))
+    x = torch.randn(3, 2 * 300).to(kernel_device, torch.float16)
+    out = poisoned_like(x[:, :300])
+    y = getattr(tskernels.activation, op)(x, out=out, backend="triton")
+    assert_close(y, getattr(ref, op)(x.double()), baseline=getattr(ref, op)(x))

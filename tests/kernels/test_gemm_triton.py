@@ -194,6 +194,22 @@ def test_gemv_with_and_without_pdl(pdl, monkeypatch):
     _workspace_clean(dev)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 96, 512), (3, 70, 300)])
+def test_gemv_early_stream_prefetch(kernel_device, monkeypatch, m, n, k):
+    """PREFETCH_TILES > 0: the 16-bit launches go through _stream_early_kernel (on sm_90+ a
+    PDL launch that asks L2 for its first weight tiles before its wait; the interpreter runs
+    the wrapper without PDL), split and not, residual or not: the plain launch's results and
+    a clean workspace."""
+    monkeypatch.setattr(triton_gemv, "PREFETCH_TILES", 4)
+    a, b = _operands(m, n, k, torch.float16, kernel_device, m + n)
+    r = torch.randn(m, n).to(kernel_device, torch.float16)
+    for res in (None, r):
+        c = tskernels.gemm.gemv(a, b, residual=res, backend="triton")
+        want = ref.gemv(a.double(), b.double(), residual=None if res is None else r.double())
+        assert_close(c, want, baseline=ref.gemv(a, b, residual=res), name="early gemv")
+    _workspace_clean(kernel_device)
+
+
 def test_gemv_per_shape_configs(kernel_device, monkeypatch):
     """SHAPE_CONFIGS replaces the config and the programs-per-SM target of one (N, K) (16-bit,
     M <= 16) and leaves other shapes, fp8 and explicit configs alone; results stay right."""
@@ -232,3 +248,71 @@ def test_gemv_cdna_configs(arch, monkeypatch):
     monkeypatch.setattr(_tune, "cdna_arch", lambda device: arch)
     monkeypatch.setattr(triton_gemv, "SHAPE_CONFIGS", {(96, 256): (dict(cfg, BN=32), 8)})
     assert triton_gemv.plan(1, 96, 256, False, torch.device("cpu"))[0]["BN"] != 32
+
+
+def _decode_layer(dev, hidden=1024, heads=8, kv_heads=2, inter=2048, seq=300, seed=0):
+    """One decode layer's launches at B = 1, as serve.models.layers runs them unfused:
+    add + RMSNorm, qkv gemv, RoPE, K/V store, split-KV decode (+ merge), o gemv, add + RMSNorm,
+    gate-up gemv, SiLU-mul, down gemv. Returns (run, buffers the run writes)."""
+    g = torch.Generator().manual_seed(seed)
+    d = 128
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dev, torch.bfloat16)
+    w = dict(qkv=rnd((heads + 2 * kv_heads) * d, hidden, scale=hidden ** -0.5),
+             o=rnd(hidden, heads * d, scale=(heads * d) ** -0.5),
+             gu=rnd(2 * inter, hidden, scale=hidden ** -0.5),
+             down=rnd(hidden, inter, scale=inter ** -0.5),
+             ln1=1 + rnd(hidden, scale=0.1), ln2=1 + rnd(hidden, scale=0.1))
+    x, res = rnd(1, hidden), rnd(1, hidden)
+    pages = seq // 16 + 2
+    kc, vc = rnd(pages, 16, kv_heads, d), rnd(pages, 16, kv_heads, d)
+    page_table = torch.randperm(pages, generator=g)[None].to(dev, torch.int32)
+    seq_lens = torch.tensor([seq], dtype=torch.int32, device=dev)
+    pt = page_table[0].long()
+    slot = (pt[(seq - 1) // 16] * 16 + (seq - 1) % 16).view(1)
+    pos = torch.tensor([seq - 1], device=dev)
+    cache = tskernels.rope.cos_sin_cache(4096, d, 500000.0, device=dev)
+    plan = tskernels.attention.decode_plan(page_table, seq_lens, num_q_heads=heads,
+                                           k_cache=kc, max_seq_len=4096, num_splits=8)
+    gemv = tskernels.gemm.gemv
+
+    def run():
+        h, r = tskernels.norm.fused_add_rmsnorm(x, res, w["ln1"])
+        qkv = gemv(h, w["qkv"])
+        q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        q, k = tskernels.rope.apply_rope(q.view(1, heads, d), k.view(1, kv_heads, d), pos,
+                                         cache)
+        tskernels.attention.store_kv(k, v.view(1, kv_heads, d), kc, vc, slot)
+        o = gemv(plan.run(q, kc, vc).view(1, -1), w["o"])
+        h, r = tskernels.norm.fused_add_rmsnorm(o, r, w["ln2"])
+        out = gemv(tskernels.activation.silu_and_mul(gemv(h, w["gu"])), w["down"], residual=r)
+        return out, kc
+    return run
+
+
+@pytest.mark.gpu
+def test_decode_layer_chained_with_prefetch_under_graph_replay(monkeypatch):
+    """The B = 1 decode layer with every kernel chained (shared/pdl.CHAIN: each a programmatic
+    dependent that triggers its own dependents at start), the gemvs prefetching weights
+    before their wait and RoPE in one launch, captured in a CUDA graph: each replay (outputs
+    poisoned with NaN first) equals the plain eager launches, and the split workspace is
+    clean afterwards."""
+    from tskernels.ops.rope import triton as rope_triton
+    from tskernels.ops.shared import pdl
+    run = _decode_layer("cuda")
+    want, kc_want = (t.clone() for t in run())
+    monkeypatch.setattr(pdl, "CHAIN", frozenset(pdl.NAMES))
+    monkeypatch.setattr(triton_gemv, "PREFETCH_TILES", 4)
+    monkeypatch.setattr(rope_triton, "ONE_LAUNCH", True)
+    run()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, kc = run()
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, want.float(), dtype=torch.bfloat16, name="layer output")
+        assert torch.equal(kc, kc_want)
+    _workspace_clean("cuda")

@@ -71,3 +71,21 @@ def test_default_selection_on_cpu_is_reference():
     assert k.backend == "reference"
     torch.testing.assert_close(tskernels.norm.rmsnorm(x, torch.ones(8)),
                                ref.rmsnorm(x, torch.ones(8)))
+
+
+def test_chained_launches_match_the_reference(kernel_device, monkeypatch):
+    """The chained wrapper (shared/pdl.CHAIN "rmsnorm": a programmatic dependent launch that
+    triggers its dependents at start on sm_90+, the wrapper without PDL elsewhere) gives the
+    plain kernel's results, with and without the residual."""
+    from tskernels.ops.shared import pdl
+    monkeypatch.setattr(pdl, "CHAIN", frozenset({"rmsnorm"}))
+    dt = torch.float16
+    x = torch.randn(3, 96).to(kernel_device, dt)
+    r = torch.randn(3, 96).to(kernel_device, dt)
+    w = torch.randn(96).to(kernel_device, dt)
+    y = tskernels.norm.rmsnorm(x, w, 1e-6, out=poisoned_like(x), backend="triton")
+    assert_close(y, ref.rmsnorm(x.double(), w.double(), 1e-6), baseline=ref.rmsnorm(x, w, 1e-6))
+    y, r_out = tskernels.norm.fused_add_rmsnorm(x, r, w, backend="triton")
+    assert_close(r_out, x.double() + r.double(), baseline=x + r, name="residual")
+    assert_close(y, ref.rmsnorm((x + r).double(), w.double()),
+                 baseline=ref.fused_add_rmsnorm(x, r, w)[0], name="y")

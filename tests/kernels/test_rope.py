@@ -82,3 +82,33 @@ def test_yarn_table_matches_transformers():
     assert torch.allclose(table, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="not supported"):
         tskernels.rope.cos_sin_cache(16, 8, scaling={"rope_type": "longrope"})
+
+
+@pytest.mark.parametrize("chain,one_launch", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("hq,hk,inplace", [(6, 2, False), (2, 5, True), (3, 3, False)])
+def test_one_launch_and_chained_rope(kernel_device, monkeypatch, chain, one_launch, hq, hk,
+                                     inplace):
+    """q and k through one launch (ONE_LAUNCH, q's config for both; more k than q heads
+    too) and the chained launch (shared/pdl.CHAIN "rope") match the reference; partial
+    rotary (dims past it copied), in place or not; q alone as well."""
+    from tskernels.ops.rope import triton as rope_triton
+    from tskernels.ops.shared import pdl
+    monkeypatch.setattr(rope_triton, "ONE_LAUNCH", one_launch)
+    monkeypatch.setattr(pdl, "CHAIN", frozenset({"rope"} if chain else ()))
+    cache = tskernels.rope.cos_sin_cache(64, 16, device=kernel_device)
+    q = torch.randn(3, hq, 24).to(kernel_device, torch.float16)
+    k = torch.randn(3, hk, 24).to(kernel_device, torch.float16)
+    pos = torch.tensor([0, 7, 63], device=kernel_device)
+    q64, k64 = ref.apply_rope(q.double(), k.double(), pos, cache.double(), style="neox")
+    qb, kb = ref.apply_rope(q, k, pos, cache, style="neox")
+    q_in, k_in = q.clone(), k.clone()
+    qo, ko = tskernels.rope.apply_rope(q_in, k_in, pos, cache, style="neox", inplace=inplace,
+                                       backend="triton")
+    assert (qo.data_ptr() == q_in.data_ptr()) == inplace
+    assert (ko.data_ptr() == k_in.data_ptr()) == inplace
+    assert_close(qo, q64, baseline=qb, name="q")
+    assert_close(ko, k64, baseline=kb, name="k")
+    torch.testing.assert_close(ko[..., 16:], k[..., 16:], rtol=0, atol=0)
+    qa, none = tskernels.rope.apply_rope(q, None, pos, cache, style="neox", backend="triton")
+    assert none is None
+    assert_close(qa, q64, baseline=qb, name="q alone")

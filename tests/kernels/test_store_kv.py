@@ -81,3 +81,30 @@ def test_store_kv_rejects_bad_input():
     with pytest.raises(ValueError, match="KV heads"):
         tskernels.attention.store_kv(torch.randn(2, 3, 16), torch.randn(2, 3, 16), kc, kc.clone(),
                                      torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("cache", ["same", "fp8_head"])
+def test_chained_store_kv(kernel_device, monkeypatch, cache):
+    """The chained wrapper (shared/pdl.CHAIN "store_kv") writes what the reference writes,
+    skipped slots (-1) included: its wait comes before the skip."""
+    from tskernels.ops.shared import pdl
+    monkeypatch.setattr(pdl, "CHAIN", frozenset({"store_kv"}))
+    T, H, D = 5, 2, 64
+    k = torch.randn(T, H, D).to(kernel_device, torch.float16)
+    v = torch.randn(T, H, D).to(kernel_device, torch.float16)
+    slots = torch.tensor([9, -1, 0, 31, 4], device=kernel_device)
+    cdt = torch.float8_e4m3fn if cache != "same" else torch.float16
+    kc = torch.full((4, 8, H, D), float("nan")).to(kernel_device, cdt)
+    vc = kc.clone()
+    ks = vs = None
+    if cache != "same":
+        ks = (torch.rand(H) * 0.02 + 0.001).to(kernel_device)
+        vs = (torch.rand(H) * 0.02 + 0.001).to(kernel_device)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    ref.store_kv(k, v, kc_ref, vc_ref, slots, k_scale=ks, v_scale=vs)
+    tskernels.attention.store_kv(k, v, kc, vc, slots, k_scale=ks, v_scale=vs, backend="triton")
+    for got, want in ((kc, kc_ref), (vc, vc_ref)):
+        if got.element_size() == 1:
+            _assert_fp8_codes_match(got, want)
+        else:
+            assert torch.equal(got.float().nan_to_num(7.5), want.float().nan_to_num(7.5))

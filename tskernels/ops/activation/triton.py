@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
 
@@ -12,6 +13,7 @@ from ... import tuning
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from ..shared import pdl
 
 
 @triton.jit
@@ -40,6 +42,32 @@ def _gelu_tanh_and_mul_kernel(x_ptr, y_ptr, I, x_stride, y_stride, BLOCK: tl.con
     tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _silu_and_mul_chained_kernel(x_ptr, y_ptr, I, x_stride, y_stride, BLOCK: tl.constexpr,
+                                 PDL: tl.constexpr):
+    """_silu_and_mul_kernel chained (shared/pdl.py): the down projection's gemv may launch
+    at once and stream its weights while this waits for the gate|up rows and runs. The tuned
+    tables key on the plain kernel's source, which this wrapper leaves as it is."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    _silu_and_mul_kernel(x_ptr, y_ptr, I, x_stride, y_stride, BLOCK)
+
+
+@triton.jit
+def _gelu_tanh_and_mul_chained_kernel(x_ptr, y_ptr, I, x_stride, y_stride,
+                                      BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """_gelu_tanh_and_mul_kernel chained, as _silu_and_mul_chained_kernel."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    _gelu_tanh_and_mul_kernel(x_ptr, y_ptr, I, x_stride, y_stride, BLOCK)
+
+
+_CHAINED = {_silu_and_mul_kernel: _silu_and_mul_chained_kernel,
+            _gelu_tanh_and_mul_kernel: _gelu_tanh_and_mul_chained_kernel}
+
+
 def _block(I: int) -> int:
     return min(2048, triton.next_power_of_2(max(I, 16)))
 
@@ -48,11 +76,15 @@ _SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "I": "i32", "x_stride": "i32", "y_st
 
 
 def _cases():
-    return [CompileCase(_silu_and_mul_kernel, _SIG, {"BLOCK": 2048}, num_warps=8)]
+    return [CompileCase(_silu_and_mul_kernel, _SIG, {"BLOCK": 2048}, num_warps=8),
+            CompileCase(_silu_and_mul_chained_kernel, _SIG, {"BLOCK": 2048, "PDL": True},
+                        num_warps=8, targets=pdl.TARGETS)]
 
 
 def _gelu_cases():
-    return [CompileCase(_gelu_tanh_and_mul_kernel, _SIG, {"BLOCK": 2048}, num_warps=8)]
+    return [CompileCase(_gelu_tanh_and_mul_kernel, _SIG, {"BLOCK": 2048}, num_warps=8),
+            CompileCase(_gelu_tanh_and_mul_chained_kernel, _SIG, {"BLOCK": 2048, "PDL": True},
+                        num_warps=8, targets=pdl.TARGETS)]
 
 
 @register("activation", "silu_and_mul", **TRITON, formats={"x": ("fp32", "fp16", "bf16")},
@@ -115,6 +147,9 @@ def _launch(kernel, x, out, cfg: dict | None = None):
         cfg = tuning.config(_SPACES[kernel], {"I": I, "rows": rows,
                                               "dtype": tuning.dtype_name(x.dtype)}, x.device)
     block = cfg["block"]
+    extra = {}
+    if pdl.chained("act_and_mul"):
+        kernel, extra = _CHAINED[kernel], pdl.launch_args(x.device)
     kernel[(rows, triton.cdiv(I, block))](
-        x2, y2, I, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=cfg["num_warps"])
+        x2, y2, I, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=cfg["num_warps"], **extra)
     return y

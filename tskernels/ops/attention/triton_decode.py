@@ -45,6 +45,7 @@ from ...platform import platform_of
 from ...plan import PlanBase
 from ...registry import register
 from .._common import TRITON
+from ..shared import pdl
 from ..shared.split_kv import choose_splits, merge_group, merge_kernel, merge_warps
 # the decode space lives in the family tuning module (attention/_tune.py) with the others
 from ._tune import DECODE as SPACE, DECODE_KERNEL as TUNE_KERNEL  # noqa: F401
@@ -388,6 +389,7 @@ class DecodePlan(PlanBase):
                 self.partial_o, self.partial_lse, sinks if sinks is not None else dummy, o,
                 self.num_splits, self.hq, o.stride(0), o.stride(1), D=self.d,
                 BLOCK_D=self.block_d, BLOCK_S=bs, SINKS=sinks is not None, PDL=self.pdl,
+                TRIGGER=self.pdl and pdl.chained("merge"),
                 num_warps=merge_warps(bs, self.block_d),
                 **({"launch_pdl": True} if self.pdl else {}))
         return o

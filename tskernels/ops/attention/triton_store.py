@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from ...platform import interpreter_enabled
 from ...registry import register
 from .._common import TRITON
 from . import _tune
+from ..shared import pdl
 from ..shared.triton_math import round_to_e4m3_grid
 
 
@@ -49,14 +51,33 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, H, 
     tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _store_kv_chained_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, H, D,
+                             k_s0, k_s1, v_s0, v_s1, QUANT: tl.constexpr,
+                             PER_HEAD: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_D: tl.constexpr, SOFT_ROUND: tl.constexpr,
+                             PDL: tl.constexpr):
+    """_store_kv_kernel chained (shared/pdl.py): it lets its dependent launch at once and
+    waits for the rotated k (and v) before anything else, the skipped-slot exit included.
+    The tuned tables key on _store_kv_kernel's source, which this wrapper leaves as it is."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, H, D, k_s0, k_s1,
+                     v_s0, v_s1, QUANT, PER_HEAD, BLOCK_H, BLOCK_D, SOFT_ROUND)
+
+
 def _cases():
     out = []
     for cache_t, quant in (("*bf16", False), ("*fp8e4nv", True)):
         sig = {"k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": cache_t, "vc_ptr": cache_t,
                "slot_ptr": "*i64", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "H": "i32", "D": "i32",
                "k_s0": "i32", "k_s1": "i32", "v_s0": "i32", "v_s1": "i32"}
-        out.append(CompileCase(_store_kv_kernel, sig, dict(QUANT=quant, PER_HEAD=quant,
-                                                           BLOCK_H=8, BLOCK_D=128),
+        c = dict(QUANT=quant, PER_HEAD=quant, BLOCK_H=8, BLOCK_D=128)
+        out.append(CompileCase(_store_kv_kernel, sig, c, label="fp8" if quant else "bf16"))
+        # chained (shared/pdl.CHAIN), as sm_90+ launches it
+        out.append(CompileCase(_store_kv_chained_kernel, sig,
+                               dict(c, SOFT_ROUND=False, PDL=True), targets=pdl.TARGETS,
                                label="fp8" if quant else "bf16"))
     return out
 
@@ -84,8 +105,11 @@ def _store(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, cfg: dict | N
     block_h = cfg["block_h"]
     ks = k_scale if quant else slot_mapping  # any pointer; unused unless QUANT
     vs = v_scale if quant else slot_mapping
-    _store_kv_kernel[(T, triton.cdiv(H, block_h))](
+    kernel, extra = _store_kv_kernel, {}
+    if pdl.chained("store_kv"):
+        kernel, extra = _store_kv_chained_kernel, pdl.launch_args(k.device)
+    kernel[(T, triton.cdiv(H, block_h))](
         k, v, k_cache, v_cache, slot_mapping, ks, vs, H, D, k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), QUANT=quant, PER_HEAD=quant and k_scale.numel() > 1,
         BLOCK_H=block_h, BLOCK_D=block_d, SOFT_ROUND=quant and interpreter_enabled(),
-        num_warps=cfg["num_warps"])
+        num_warps=cfg["num_warps"], **extra)

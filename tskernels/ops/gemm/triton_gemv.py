@@ -18,7 +18,8 @@ partials are added in arrival order, split launches are not bitwise deterministi
 
 On sm_90+ CUDA the 16-bit launches are programmatic dependent launches (the grid is scheduled
 while the previous kernel drains, and waits for it before its first load); a few (N, K) take a
-per-shape split target measured on the H200 (SHAPE_CONFIGS).
+per-shape split target measured on the H200 (SHAPE_CONFIGS). With PREFETCH_TILES > 0 they go
+through _stream_early_kernel, which asks L2 for its first weight tiles before that wait.
 
 The workspace is shared by every call on a device: calls that run *concurrently* on two
 streams of one device must not both split (the engines we serve run one stream per device).
@@ -35,6 +36,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from autotune import backend_options
 
 from ...compile import CompileCase
+from ..shared.pdl import prefetch_l2
 from . import _tune
 
 MAX_M = 64
@@ -115,6 +117,37 @@ def _stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr,
 
 
 @triton.jit
+def _stream_early_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr,
+                         M, N, K, stride_w, stride_x, stride_c, stride_r, stride_as,
+                         stride_bs, K_SPLIT,
+                         BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
+                         BLOCK: tl.constexpr, SPLIT: tl.constexpr, FP8: tl.constexpr,
+                         HAS_RES: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
+                         PREFETCH: tl.constexpr):
+    """_stream_kernel as a programmatic dependent that streams weights before its wait: it
+    lets its own dependents launch at once, asks L2 for the first PREFETCH weight tiles of its
+    rows and K range (prefetch.global.L2: no registers, no shared memory, nothing to wait
+    for), then waits for the previous kernel (x, the residual and the split workspace may be
+    its outputs or still in its use) and runs the unchanged streaming loop, whose first loads
+    then hit L2. Weights are never written by a kernel of the step. PREFETCH 0: only the
+    trigger moves before the wait. PDL False (the interpreter): _stream_kernel itself."""
+    if PDL:
+        gdc_launch_dependents()
+        if PREFETCH > 0:
+            LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # 128 B
+            offs_n = tl.program_id(0) * BN + tl.arange(0, BN)
+            k0 = tl.program_id(1) * K_SPLIT
+            cols = k0 + tl.arange(0, PREFETCH * BK // LINE) * LINE
+            prefetch_l2(w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + cols[None, :],
+                        (offs_n < N)[:, None] & (cols < tl.minimum(K, k0 + K_SPLIT))[None, :])
+        gdc_wait()
+    # the tuned tables key on _stream_kernel's source, which this wrapper leaves as it is
+    _stream_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr, M, N, K,
+                   stride_w, stride_x, stride_c, stride_r, stride_as, stride_bs, K_SPLIT,
+                   BN, BK, MP, BLOCK, SPLIT, FP8, HAS_RES, EVEN_K, False)
+
+
+@triton.jit
 def _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r,
               HAS_RES: tl.constexpr):
     if HAS_RES:
@@ -157,6 +190,13 @@ USE_PDL = True
 # a chain of projections streams weights continuously. Off until timed on the H200
 # (benchmarks/s15_gemv_gpu.py); the fused ops' own switch is triton_gemv_fused.EARLY_FUSED.
 EARLY_STREAM = False
+# the 16-bit PDL launches through _stream_early_kernel: dependents triggered at program start
+# and the first PREFETCH_TILES weight tiles of each program (rounded up to a power of two, at
+# most its K range) asked into L2 *before* griddepcontrol.wait, so a projection's weight
+# stream starts while the kernel before it (an RMSNorm, SiLU-mul, the attention merge: see
+# shared/pdl.CHAIN for making those trigger early) still runs, instead of after it. 0: off
+# (the launch above). Not yet timed on the H200 (benchmarks/s16_decode_gpu.py A/Bs it).
+PREFETCH_TILES = 0
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
 # and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
 # (benchmarks/gemm_decode_ab.py, M = 1): half the K splits on Llama-3-8B's o (13.6 -> 11.2 us)
@@ -243,11 +283,16 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     b_s = w_scale if fp8 else dummy
     grid = (triton.cdiv(n, cfg["BN"]), split)
     pdl = not fp8 and _pdl(x.device)
-    _stream_kernel[grid](
+    kernel, extra = _stream_kernel, {}
+    # the interpreter runs the early-stream wrapper without PDL (its argument plumbing)
+    if PREFETCH_TILES > 0 and not fp8 and (pdl or x.device.type == "cpu"):
+        tiles = min(PREFETCH_TILES, triton.cdiv(k_split, cfg["BK"]))
+        kernel, extra = _stream_early_kernel, {"PREFETCH": triton.next_power_of_2(tiles)}
+    kernel[grid](
         w, x, out, r, ws, cnt, a_s, b_s, m, n, k, w.stride(0), x.stride(0), out.stride(0),
         r.stride(0), a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, k_split,
         BN=cfg["BN"], BK=cfg["BK"], MP=mpad(m), BLOCK=block, SPLIT=split > 1, FP8=fp8,
-        HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PDL=pdl,
+        HAS_RES=residual is not None, EVEN_K=k % cfg["BK"] == 0, PDL=pdl, **extra,
         num_stages=cfg["num_stages"], num_warps=cfg["num_warps"], **backend_options(cfg),
         **({"launch_pdl": True} if pdl else {}))
     return out
@@ -277,6 +322,12 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
                                  num_warps=base.num_warps, num_stages=base.num_stages,
                                  uses_dot=True, aligned=aligned, targets=_PDL_TARGETS,
                                  label=base.label + " pdl"))
+        # PREFETCH_TILES > 0: the early-stream wrapper (L2 prefetch before the wait)
+        cases.append(CompileCase(_stream_early_kernel, sig,
+                                 dict(base.constexprs, PDL=True, PREFETCH=4),
+                                 num_warps=base.num_warps, num_stages=base.num_stages,
+                                 uses_dot=True, aligned=aligned, targets=_PDL_TARGETS,
+                                 label=base.label + " pdl prefetch4"))
         # the 16-bit cases above are the NVIDIA launches; CDNA builds its own tables' configs
         cdna = [dataclasses.replace(
             c, constexprs=dict(c.constexprs, BN=cfg["BN"], BK=cfg["BK"]),

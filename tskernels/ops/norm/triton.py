@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from autotune import KernelSpace, Space, declare, jit_source, pow2_bucket
 
@@ -16,6 +17,7 @@ from ... import tuning
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from ..shared import pdl
 
 FORMATS = {"x": ("fp32", "fp16", "bf16"), "weight": ("fp32", "fp16", "bf16")}
 MAX_HIDDEN = 65536
@@ -42,6 +44,21 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_rows, N, x_stri
         inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
         y = xf * inv * w
         tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _rmsnorm_chained_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_rows, N, x_stride,
+                            res_stride, y_stride, res_out_stride, eps, HAS_RES: tl.constexpr,
+                            BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    """_rmsnorm_kernel chained (shared/pdl.py): its dependent (the next projection's gemv) may
+    launch at once and stream its weights while this waits for x and runs. PDL False (the
+    interpreter, non-Hopper): the plain kernel. The tuned tables key on _rmsnorm_kernel's
+    source, which this wrapper leaves as it is."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_rows, N, x_stride, res_stride,
+                    y_stride, res_out_stride, eps, HAS_RES, BLOCK, ROWS)
 
 
 def _launch_params(N: int, n_rows: int) -> tuple[int, int, int]:
@@ -99,9 +116,13 @@ def _run(x, residual, weight, eps, out, res_out, cfg: dict | None = None):
     has_res = residual is not None
     r2 = residual.reshape(-1, N) if has_res else x2
     ro2 = res_out.view(-1, N) if has_res else y2
-    _rmsnorm_kernel[(triton.cdiv(n_rows, rows),)](
+    kernel, extra = _rmsnorm_kernel, {}
+    if pdl.chained("rmsnorm"):
+        kernel, extra = _rmsnorm_chained_kernel, pdl.launch_args(x.device)
+    kernel[(triton.cdiv(n_rows, rows),)](
         x2, r2, weight, y2, ro2, n_rows, N, x2.stride(0), r2.stride(0), y2.stride(0),
-        ro2.stride(0), eps, HAS_RES=has_res, BLOCK=block, ROWS=rows, num_warps=num_warps)
+        ro2.stride(0), eps, HAS_RES=has_res, BLOCK=block, ROWS=rows, num_warps=num_warps,
+        **extra)
     return y
 
 
@@ -109,8 +130,12 @@ def _cases(has_res: bool):
     sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
            "res_out_ptr": "*bf16", "n_rows": "i32", "N": "i32", "x_stride": "i32",
            "res_stride": "i32", "y_stride": "i32", "res_out_stride": "i32", "eps": "fp32"}
-    return [CompileCase(_rmsnorm_kernel, sig, dict(HAS_RES=has_res, BLOCK=4096, ROWS=1),
-                        num_warps=16, label="residual" if has_res else "")]
+    c = dict(HAS_RES=has_res, BLOCK=4096, ROWS=1)
+    return [CompileCase(_rmsnorm_kernel, sig, c, num_warps=16,
+                        label="residual" if has_res else ""),
+            # chained (shared/pdl.CHAIN), as sm_90+ launches it
+            CompileCase(_rmsnorm_chained_kernel, sig, dict(c, PDL=True), num_warps=16,
+                        targets=pdl.TARGETS, label="residual" if has_res else "")]
 
 
 @register("norm", "rmsnorm", **TRITON, formats=FORMATS,

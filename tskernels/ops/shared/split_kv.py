@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 MAX_SPLITS = 64
 
@@ -61,13 +61,17 @@ def merge_group(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h0, num_splits, row_stride
 @triton.jit
 def merge_kernel(po_ptr, plse_ptr, sink_ptr, o_ptr, num_splits, H, o_sb, o_sh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SINKS: tl.constexpr, PDL: tl.constexpr = False, ROW: tl.constexpr = 0):
+                  SINKS: tl.constexpr, PDL: tl.constexpr = False, ROW: tl.constexpr = 0,
+                  TRIGGER: tl.constexpr = False):
     """One (head, request, BLOCK_D columns) per program (grid (H, B) when BLOCK_D covers a
     row, (H, B, D / BLOCK_D) for wide rows: MLA's 512 columns at 64 splits would be 32 K
     fp32 values in one program's registers): merge its split-KV partials (see merge_head).
     ROW: the partial rows' length (0: BLOCK_D). PDL: launched as a programmatic dependent of
     the decode kernel (its launch overlaps the decode); wait for the decode grid's completion
-    and memory before reading its partials."""
+    and memory before reading its partials. TRIGGER (with PDL; shared/pdl.CHAIN "merge"):
+    its own dependent (the o projection's gemv) may launch at once."""
+    if TRIGGER:
+        gdc_launch_dependents()
     if PDL:
         gdc_wait()
     h = tl.program_id(0)
