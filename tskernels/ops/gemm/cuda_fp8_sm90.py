@@ -36,7 +36,8 @@ THREADS = 384          # producer + two consumer warpgroups
 SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
 # block_n: tile columns (128 or 256); stages: ring depth; pipe: two temporaries per consumer
 # (K blocks in pairs, block_n 128 only); group_m: tile rows (cluster: tile-row pairs) walked
-# together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile
+# together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile; a lab
+# run may add "extra": more -D options (the source's ablations)
 CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8, "cluster": 1}
 
 
@@ -129,7 +130,7 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     a, b = _tma_rows(a), _tma_rows(b)
     a_scale, b_scale = a_scale.float().contiguous(), b_scale.float().contiguous()
     smem = smem_bytes(bn, stages)
-    opts = nvcc_options(bn, stages, cfg["pipe"], out.dtype, cl)
+    opts = nvcc_options(bn, stages, cfg["pipe"], out.dtype, cl) + tuple(cfg.get("extra", ()))
     fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL, opts, smem, "CUDA fp8 block GEMM")
     amap = cuda_driver.tensor_map_2d(a, m, k, a.stride(0), BLOCK_M, box_cols=BLOCK)
     bmap = cuda_driver.tensor_map_2d(b, n, k, b.stride(0), bn // cl, box_cols=BLOCK)

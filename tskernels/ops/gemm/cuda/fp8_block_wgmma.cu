@@ -277,7 +277,11 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
 #pragma unroll
                     for (int j = 0; j < BM / 32; ++j) {
                         const int r = m0 + lane + 32 * j;
+#ifdef ABL_NO_SCALES  // lab ablation (wrong results): no scale loads in the producer
+                        sc[lane + 32 * j] = 1.f;
+#else
                         sc[lane + 32 * j] = r < M && kb < KB ? __ldg(a_scale + r * as_st + kb) : 0.f;
+#endif
                     }
                     if (lane < NH) {
                         const int nbk = n0 / 128 + lane;  // weight-scale block of half `lane`
@@ -334,12 +338,20 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                 wgmma_wait<0>();
                 fence_regs<64>(t);
                 if (h == NH - 1) release_stage(bars + 8 * (STAGES + s), leader, peer);
+#ifdef ABL_NO_PROMOTE  // lab ablation (wrong results): one FMA per thread instead of 64
+                acc[64 * h] = fmaf(t[0], a0 * bs, acc[64 * h]);
+#else
                 promote(acc + 64 * h, t, a0 * bs, a1 * bs);
+#endif
             }
         }
 #endif
         // epilogue: acc[4 j + e] is row r0 (e < 2) or r0 + 8, column 8 j + 2 q + (e & 1)
         const int gr0 = m0 + r0, gr1 = gr0 + 8;
+#ifdef ABL_NO_STORE  // lab ablation (wrong results): only the first pair of each thread
+        if (gr0 < M && n0 + 2 * q < N) store2(c, gr0 * ldc + n0 + 2 * q, acc[0], acc[1], false, true);
+        continue;
+#endif
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int col = n0 + 8 * j + 2 * q;
