@@ -9,6 +9,8 @@ namespace {
 
 std::invalid_argument bad(const std::string& what) { return std::invalid_argument(what); }
 
+constexpr int32_t kTokensReserved = 1024;  // outputs a request's token vector has room for
+
 uint64_t next_scheduler_id() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
@@ -112,6 +114,10 @@ void Scheduler::submit(int64_t id, std::span<const int32_t> prompt, int32_t max_
   r.id = id;
   r.arrival = next_arrival_++;
   r.in_use = true;
+  // Room for the first outputs too: the first sampled token otherwise reallocates (and
+  // copies) the whole prompt inside advance(), ~0.1 ms for a 50k-token agent turn.
+  r.tokens.reserve(static_cast<size_t>(len) +
+                   static_cast<size_t>(std::min(max_new_tokens, kTokensReserved)));
   r.tokens.assign(prompt.begin(), prompt.end());
   r.prompt_len = static_cast<int32_t>(len);
   r.max_new_tokens = max_new_tokens;
