@@ -23,12 +23,12 @@ from tskernels.ops.gemm import cuda_fp8_sm90 as cf, triton_mm as tm
 
 ROTATE_BYTES = 150 << 20
 CUDA_CONFIGS = {
+    "bn128_s6": dict(block_n=128, stages=6, pipe=False),
+    "bn128_s6_pipe": dict(block_n=128, stages=6, pipe=True),
+    "bn128_s6_c2": dict(block_n=128, stages=6, pipe=False, cluster=2),
     "bn256_s4": dict(block_n=256, stages=4, pipe=False),
     "bn256_s4_c2": dict(block_n=256, stages=4, pipe=False, cluster=2),
-    "bn256_s4_c2_g4": dict(block_n=256, stages=4, pipe=False, cluster=2, group_m=4),
-    "bn256_s4_c2_g16": dict(block_n=256, stages=4, pipe=False, cluster=2, group_m=16),
-    "bn128_s6_c2": dict(block_n=128, stages=6, pipe=False, cluster=2),
-    "bn128_s6_pipe": dict(block_n=128, stages=6, pipe=True),
+    "bn128_s6_pipe_g16": dict(block_n=128, stages=6, pipe=True, group_m=16),
 }
 
 

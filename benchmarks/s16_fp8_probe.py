@@ -23,9 +23,9 @@ from tskernels.ops.gemm import cuda_fp8_sm90 as cf
 
 BASE = {"bn128": dict(block_n=128, stages=6, pipe=False),
         "bn256": dict(block_n=256, stages=4, pipe=False)}
-ABLATIONS = {"": (), "-scales": ("-DABL_NO_SCALES",), "-promote": ("-DABL_NO_PROMOTE",),
-             "-store": ("-DABL_NO_STORE",),
-             "-all": ("-DABL_NO_SCALES", "-DABL_NO_PROMOTE", "-DABL_NO_STORE")}
+# -D options a lab build may add (the ablation macros of commit f869496's source, since
+# removed: ABL_NO_SCALES / ABL_NO_PROMOTE / ABL_NO_STORE; results in benchmarks/RESULTS.md)
+ABLATIONS = {"": ()}
 CONFIGS = {f"{b}{a}": dict(BASE[b], extra=x) for b in BASE for a, x in ABLATIONS.items()}
 
 

@@ -16,7 +16,8 @@
 //    STAGES-deep ring: lane 0 issues the TMA copies of the A [BM x 128] and B [BN x 128] boxes
 //    (128-byte swizzle, rows past M / N and columns past K read as zeros) and every lane copies
 //    a slice of the stage's scales (BM activation scales, BN / 128 weight scales) into shared
-//    memory; the stage's "full" mbarrier completes on 32 arrivals and the TMA bytes;
+//    memory with cp.async; the stage's "full" mbarrier completes on 33 arrivals (lane 0's, and
+//    each lane's once its copies land) and the TMA bytes, so the warp never waits on a load;
 //  * warpgroups 1 and 2 (consumers) own rows 0..63 and 64..127 of the tile. Per K block and
 //    128-column half h: 4 x wgmma m64n128k32 (e4m3, both operands K-major from shared memory)
 //    into t, wait, then acc[h] += t * (a_scale[row] * b_scale[h]); the stage is released
@@ -82,11 +83,15 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128(float* d, u64 da, u64 db, int
         : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// "full" takes the stage's TMA bytes without an arrival of its own (its 32 arrivals come from
-// the producer warp's lanes once their scale copies are written)
-__device__ __forceinline__ void mbar_expect_tx_only(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n"
-                 :: "r"(bar), "r"(bytes) : "memory");
+// 4-byte asynchronous copy global -> shared (nbytes 0: zero fill), and the arrival on an
+// mbarrier once all of this thread's earlier asynchronous copies are in (noinc: the barrier's
+// count includes it)
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, int nbytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(nbytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
 }
 
 // a consumer warpgroup frees a stage: its leader (thread 0) arrives for all 128 threads on
@@ -218,6 +223,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
     const u32 ring = base, bars = base + BAR_OFFSET;
     float* const scales = (float*)(smem_raw + (base - raw) + SC_OFFSET);  // [STAGES][SC_FLOATS]
+    const u32 scales_s = base + SC_OFFSET;                                // the same, shared
     // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s)
     const int tid = threadIdx.x, wg = tid >> 7;
 #if CLUSTER == 2
@@ -239,7 +245,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
 #endif
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(bars + 8 * s, 32);                   // the producer warp's lanes (+ bytes)
+            mbar_init(bars + 8 * s, 33);  // the TMA lane (+ bytes), every lane's scale copies
             mbar_init(bars + 8 * (STAGES + s), 2 * CLUSTER);  // consumer warpgroup leaders
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -264,7 +270,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                     if (it >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((it / STAGES) - 1) & 1);
                     const u32 dst = ring + s * STAGE_BYTES, full = bars + 8 * s;
                     if (lane == 0) {
-                        mbar_expect_tx_only(full, STAGE_BYTES);  // own A, all of B
+                        mbar_expect_tx(full, STAGE_BYTES);  // own A, all of B (+ 1 arrival)
                         tma_load(dst, &amap, kb * BK, m0, full);
 #if CLUSTER == 2
                         tma_load_multicast(dst + A_TILE + rank * (B_TILE / 2), &bmap, kb * BK,
@@ -273,21 +279,24 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                         tma_load(dst + A_TILE, &bmap, kb * BK, n0, full);
 #endif
                     }
-                    float* sc = scales + s * SC_FLOATS;
+                    // the stage's scales as asynchronous copies, each lane's completion one
+                    // arrival on "full": the warp never waits for their latency (plain loads
+                    // here serialised every stage behind one L2 round trip; zero fill past M /
+                    // N / K, from an in-bounds address)
+                    const u32 sc = scales_s + s * SC_FLOATS * 4;
+                    const int kc = min(kb, KB - 1);
 #pragma unroll
                     for (int j = 0; j < BM / 32; ++j) {
                         const int r = m0 + lane + 32 * j;
-#ifdef ABL_NO_SCALES  // lab ablation (wrong results): no scale loads in the producer
-                        sc[lane + 32 * j] = 1.f;
-#else
-                        sc[lane + 32 * j] = r < M && kb < KB ? __ldg(a_scale + r * as_st + kb) : 0.f;
-#endif
+                        cp_async4(sc + 4 * (lane + 32 * j), a_scale + min(r, M - 1) * as_st + kc,
+                                  r < M && kb < KB ? 4 : 0);
                     }
                     if (lane < NH) {
                         const int nbk = n0 / 128 + lane;  // weight-scale block of half `lane`
-                        sc[BM + lane] = nbk * 128 < N && kb < KB ? __ldg(b_scale + nbk * bs_st + kb) : 0.f;
+                        cp_async4(sc + 4 * (BM + lane), b_scale + min(nbk, (N - 1) / 128) * bs_st + kc,
+                                  nbk * 128 < N && kb < KB ? 4 : 0);
                     }
-                    mbar_arrive(full);  // release: the scale stores above come first
+                    cp_async_arrive_noinc(full);
                 }
             }
         }
@@ -338,20 +347,12 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                 wgmma_wait<0>();
                 fence_regs<64>(t);
                 if (h == NH - 1) release_stage(bars + 8 * (STAGES + s), leader, peer);
-#ifdef ABL_NO_PROMOTE  // lab ablation (wrong results): one FMA per thread instead of 64
-                acc[64 * h] = fmaf(t[0], a0 * bs, acc[64 * h]);
-#else
                 promote(acc + 64 * h, t, a0 * bs, a1 * bs);
-#endif
             }
         }
 #endif
         // epilogue: acc[4 j + e] is row r0 (e < 2) or r0 + 8, column 8 j + 2 q + (e & 1)
         const int gr0 = m0 + r0, gr1 = gr0 + 8;
-#ifdef ABL_NO_STORE  // lab ablation (wrong results): only the first pair of each thread
-        if (gr0 < M && n0 + 2 * q < N) store2(c, gr0 * ldc + n0 + 2 * q, acc[0], acc[1], false, true);
-        continue;
-#endif
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int col = n0 + 8 * j + 2 * q;
