@@ -48,6 +48,9 @@ def test_greedy_large_vocab_every_chunk_size(kernel_device):
         want = torch.argmax(x.cpu(), dim=-1)
         assert torch.equal(tg.argmax(x).cpu(), want)
         assert torch.equal(tg.argmax(x, variant="two_stage").cpu(), want)
+        assert torch.equal(tg.argmax(x, variant="balanced").cpu(), want)
+        if HAS_CUDA:  # on the CPU two_stage_pdl is two_stage
+            assert torch.equal(tg.argmax(x, variant="two_stage_pdl").cpu(), want)
         for chunk in (1024, 2048, 8192):  # the one-launch variants' sweep sizes
             assert torch.equal(tg.argmax(x, variant="ticket", chunk=chunk).cpu(), want), chunk
             got = tg.argmax(x, variant="loop_ticket", chunk=chunk, block=1024).cpu()
@@ -73,6 +76,89 @@ def test_greedy_variants_on_ties_inf_nan(kernel_device):
         for _ in range(2):
             got = tg.argmax(x, variant=variant, chunk=chunk).cpu()
             assert torch.equal(got, want), (variant, chunk, got, want)
+
+
+def _edge_rows(v: int) -> torch.Tensor:
+    """8 rows of v logits: ties across chunks, a -inf row, two NaNs (the first wins), zeros
+    with a -0.0, a -inf tail, +inf, a NaN after the max, a NaN behind a -inf half."""
+    x = torch.randn(8, v)
+    x[0, [7, v // 2, v - 1]] = 9.0
+    x[1] = float("-inf")
+    x[2, [11, v - 3]] = float("nan")
+    x[3] = 0.0
+    x[3, 5] = -0.0
+    x[4, v // 5:] = float("-inf")
+    x[5, v - 2] = float("inf")
+    x[6, 3], x[6, v - 1] = 50.0, float("nan")
+    x[7, : v // 2] = float("-inf")
+    x[7, v // 2 + 1] = float("nan")
+    return x
+
+
+# balanced launches (v = 999: no multiple of 16): several chunks of several loop steps with
+# masked tails; 1-row steps without evict / PDL; the default (one chunk a row on the CPU)
+BALANCED_CASES = [(torch.float32, tg.Balanced(num_warps=1, rows=2, chunks=2)),
+                  (torch.float32, tg.Balanced(num_warps=2, rows=1, chunks=2,
+                                              evict_first=False, pdl="none")),
+                  (torch.float16, tg.Balanced()),
+                  (torch.float16, tg.Balanced(num_warps=1, rows=2, chunks=2))]
+
+
+@pytest.mark.parametrize("dtype,cfg", BALANCED_CASES)
+def test_greedy_balanced_on_edges(kernel_device, dtype, cfg):
+    """balanced (and on a GPU two_stage_pdl, which is two_stage on the CPU) equal
+    torch.argmax on ties / -inf / NaN / -0.0 rows."""
+    x = _edge_rows(999).to(kernel_device, dtype)
+    want = torch.argmax(x.float().cpu(), dim=-1)
+    got = tg.argmax(x, variant="balanced", balanced=cfg).cpu()
+    assert torch.equal(got, want), (got, want)
+    if HAS_CUDA:
+        assert torch.equal(tg.argmax(x, variant="two_stage_pdl", pdl=cfg.pdl).cpu(), want)
+
+
+def test_balanced_split_whole_waves():
+    """S = the most chunks that keep B x S within per_sm x waves x SMs, at least a tile per
+    chunk, 16-logit multiples, none empty."""
+    cfg = tg.Balanced(per_sm=4)
+    assert tg.balanced_split(64, 151936, 4096, 132, cfg) == (8, 18992)
+    assert tg.balanced_split(256, 151936, 4096, 132, cfg) == (2, 75968)
+    assert tg.balanced_split(1, 151936, 4096, 132, cfg) == (38, 4000)
+    assert tg.balanced_split(2000, 151936, 4096, 132, cfg) == (1, 151936)
+    for b, v in ((3, 17), (7, 4999), (64, 128256)):
+        s, chunk = tg.balanced_split(b, v, 256, 132, tg.Balanced(waves=2))
+        assert chunk % 16 == 0 and (s - 1) * chunk < v <= s * chunk
+    with pytest.raises(ValueError, match="pdl"):
+        tg.Balanced(pdl="all")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["two_stage_pdl", "balanced"])
+def test_greedy_pdl_variants_graph_and_streams(variant):
+    """The programmatic-dependent variants in CUDA-graph replays (new logits copied in) and
+    on two streams at once (each call owns its partials): always torch.argmax, bf16 too."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(64, 151936, device="cuda", generator=gen).to(dtype)
+        tg.argmax(x, variant=variant)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = tg.argmax(x, variant=variant)
+        for _ in range(3):
+            x.copy_(torch.randn(64, 151936, device="cuda", generator=gen))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, torch.argmax(x.float(), dim=-1))
+        xs = [torch.randn(b, 151936, device="cuda", generator=gen).to(dtype) for b in (64, 3)]
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        torch.cuda.synchronize()
+        got = [[], []]
+        for _ in range(10):
+            for i, s in enumerate(streams):
+                with torch.cuda.stream(s):
+                    got[i].append(tg.argmax(xs[i], variant=variant))
+        torch.cuda.synchronize()
+        for i in range(2):
+            assert all(torch.equal(g, torch.argmax(xs[i].float(), dim=-1)) for g in got[i])
 
 
 @pytest.mark.gpu

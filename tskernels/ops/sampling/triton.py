@@ -8,6 +8,11 @@ two-stage load loop with the ticket epilogue) is 4-6 % faster than two_stage (B=
 vs 46.53 us at chunk 8192 / block 1024 / 8 warps), but both ticket variants share per-device
 arrival counters across calls, so launches on two streams of one device at once would
 corrupt them: they are opt-in, and two_stage (no shared state) stays the default.
+Two variants without shared state, to be timed against it (benchmarks/s16_greedy_gpu.py):
+"two_stage_pdl" launches the same kernels as programmatic dependents (sm_90+: the final
+reduction's launch and prologue overlap the partials' tail), and "balanced" sizes the grid to
+whole waves of programs (B x S <= per_sm x waves x SMs), streams each chunk in [rows, N] tiles
+of 16-byte evict-first loads and keeps (value, index) partials (NaN as a value), PDL too.
 Stage 1 gives each (row, chunk) program CHUNK logits; every lane keeps the first maximum it
 sees (strict >), so one reduction at the end gives the chunk's lowest-index maximum. Stage 2
 reduces a row's chunk partials. NaN wins like in torch.argmax (first NaN index), -0.0 == 0.0,
@@ -17,11 +22,15 @@ The stochastic sampler and the penalties kernel live in triton_sample.py / trito
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
+from ...platform import platform_of
 from ...registry import register
 from .._common import TRITON
 from . import _tune
@@ -71,6 +80,27 @@ def _argmax_final(val_ptr, idx_ptr, nan_ptr, out_ptr, S, BLOCK_S: tl.constexpr):
     m = tl.max(v, axis=0)
     best = tl.min(tl.where((v == m) & (i < 2147483647), i, 2147483647), axis=0)
     tl.store(out_ptr + row, tl.where(n < 2147483647, n, best).to(tl.int64))
+
+
+@triton.jit
+def _argmax_chunk_pdl(x_ptr, val_ptr, idx_ptr, nan_ptr, V, stride, S,
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """_argmax_chunk for two_stage_pdl: lets its dependent (_argmax_final_pdl) launch at once
+    and, when itself launched as one, waits for the previous kernel before any load or store.
+    A dependent launches only once every program of this grid is resident or done, so it
+    never takes a slot this grid still needs. (Wrappers: the tuned tables key on the plain
+    kernels' source, which stays as it was.)"""
+    gdc_launch_dependents()
+    gdc_wait()
+    _argmax_chunk(x_ptr, val_ptr, idx_ptr, nan_ptr, V, stride, S, CHUNK, BLOCK)
+
+
+@triton.jit
+def _argmax_final_pdl(val_ptr, idx_ptr, nan_ptr, out_ptr, S, BLOCK_S: tl.constexpr):
+    """_argmax_final launched while _argmax_chunk_pdl drains: waits for its partials."""
+    gdc_launch_dependents()
+    gdc_wait()
+    _argmax_final(val_ptr, idx_ptr, nan_ptr, out_ptr, S, BLOCK_S)
 
 
 @triton.jit
@@ -146,6 +176,74 @@ def _argmax_loop_ticket(x_ptr, val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, V, s
     _ticket_reduce(val_ptr, idx_ptr, nan_ptr, cnt_ptr, out_ptr, row, S, BLOCK_S)
 
 
+@triton.jit
+def _argmax_part(x_ptr, val_ptr, idx_ptr, V, stride, S, CHUNK,
+                 N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
+                 PDL: tl.constexpr):
+    """Partial of (row, chunk) = divmod(program, S) over logits [CHUNK * c, + CHUNK): the
+    first maximum (value, index), or (NaN, first NaN index) when the chunk holds a NaN.
+    A loop step loads a [ROWS, N] tile (ROWS 16-byte loads per thread, all in flight
+    together: the row-wise max needs every one) and folds it into one N-wide state: per lane
+    the tile's max and the first row holding it, taken only when strictly greater, so each
+    lane keeps its first maximum with 2 registers of state, not 2 per loaded logit. A NaN
+    only turns its lane's value to NaN (a flag, no third register): a chunk with one re-reads
+    itself for the first NaN (rare, off the hot path). A lane left at BIG saw only -inf:
+    the chunk's first index wins then."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    pid = tl.program_id(0)
+    row = pid // S
+    start = (pid - row * S) * CHUNK
+    end = tl.minimum(start + CHUNK, V)
+    base = x_ptr + row.to(tl.int64) * stride
+    lanes = tl.arange(0, N)
+    rows = tl.arange(0, ROWS)
+    tile = rows[:, None] * N + lanes[None, :]
+    best_v = tl.full([N], float("-inf"), tl.float32)
+    best_i = tl.full([N], 2147483647, tl.int32)
+    for off in range(start, end, ROWS * N):
+        x = tl.load(base + off + tile, mask=off + tile < end, other=float("-inf"),
+                    eviction_policy="evict_first" if EVICT else "").to(tl.float32)
+        tmax = tl.max(x, axis=0)
+        first = tl.min(tl.where(x == tmax[None, :], rows[:, None], ROWS), axis=0)
+        # a lane that meets a NaN keeps NaN as its value (nothing is > NaN): the flag
+        nan = tl.max((x != x).to(tl.int32), axis=0) > 0
+        take = (tmax > best_v) | nan
+        best_v = tl.where(take, tl.where(nan, float("nan"), tmax), best_v)
+        best_i = tl.where(take, off + first * N + lanes, best_i)
+    lane_nan = best_v != best_v
+    m = tl.max(tl.where(lane_nan, float("-inf"), best_v), axis=0)
+    i = tl.min(tl.where(best_v == m, best_i, 2147483647), axis=0)
+    i = tl.where(i == 2147483647, start, i)
+    first_nan = 2147483647
+    if tl.max(lane_nan.to(tl.int32), axis=0) > 0:
+        for off in range(start, end, N):
+            cols = off + lanes
+            x = tl.load(base + cols, mask=cols < end, other=0.0)
+            first_nan = tl.minimum(first_nan, tl.min(tl.where(x != x, cols, 2147483647), 0))
+    tl.store(val_ptr + pid, tl.where(first_nan < 2147483647, float("nan"), m))
+    tl.store(idx_ptr + pid, tl.where(first_nan < 2147483647, first_nan, i))
+
+
+@triton.jit
+def _argmax_merge(val_ptr, idx_ptr, out_ptr, S, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    """out[row] from its S (value, index) partials: the first NaN partial's index, else the
+    lowest index of the maximum (an all -inf chunk's partial is its first index)."""
+    if PDL:  # launched while _argmax_part drains: wait for its partials
+        gdc_launch_dependents()
+        gdc_wait()
+    row = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    ok = s < S
+    v = tl.load(val_ptr + row * S + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    i = tl.load(idx_ptr + row * S + s, mask=ok, other=2147483647, cache_modifier=".cg")
+    first_nan = tl.min(tl.where(v != v, i, 2147483647), axis=0)
+    m = tl.max(tl.where(v != v, float("-inf"), v), axis=0)
+    best = tl.min(tl.where(v == m, i, 2147483647), axis=0)
+    tl.store(out_ptr + row, tl.where(first_nan < 2147483647, first_nan, best).to(tl.int64))
+
+
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -179,18 +277,71 @@ def _chunk(batch: int, vocab: int) -> int:
     return chunk
 
 
-VARIANTS = ("ticket", "two_stage", "loop_ticket")
+PDL_MODES = ("none", "final", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class Balanced:
+    """Launch of the "balanced" argmax (_argmax_part + _argmax_merge).
+
+    per_sm x waves x SMs programs at most (B rows x S chunks, S the largest that fits, so the
+    grid is whole waves when per_sm is the kernel's occupancy), each streaming one contiguous
+    chunk of its row; rows: 16-byte loads per thread in flight per loop step; evict_first:
+    the one-pass read asks L2 to drop its lines first; pdl: "final" launches _argmax_merge as
+    a programmatic dependent (its launch and prologue under the partials' tail), "both" also
+    _argmax_part (under whatever kernel precedes it); ignored below sm_90 / off NVIDIA.
+    chunks: S itself (0: the rule above), for tests and sweeps."""
+
+    per_sm: int = 4
+    waves: int = 1
+    rows: int = 4
+    num_warps: int = 8
+    evict_first: bool = True
+    pdl: str = "both"
+    chunks: int = 0
+
+    def __post_init__(self):
+        if self.pdl not in PDL_MODES:
+            raise ValueError(f"pdl: expected one of {PDL_MODES}, got {self.pdl!r}")
+        if min(self.per_sm, self.waves, self.rows, self.num_warps) < 1 or self.chunks < 0:
+            raise ValueError(f"Balanced: every count must be positive, got {self}")
+
+
+VARIANTS = ("ticket", "two_stage", "loop_ticket", "two_stage_pdl", "balanced")
+# The default. Both new variants are free of state shared across calls (per-call partials
+# from the caching allocator, like two_stage); which one wins is for the H200 to say
+# (benchmarks/s16_greedy_gpu.py), after which this line names it.
 VARIANT = "two_stage"
+BALANCED = Balanced()
+
+
+def _pdl_ok(device: torch.device) -> bool:
+    """Programmatic dependent launch: NVIDIA sm_90+ (the platform is cached per device)."""
+    plat = platform_of(device)
+    return device.type == "cuda" and plat.vendor == "nvidia" and plat.arch >= 90
+
+
+def balanced_split(batch: int, vocab: int, tile: int, sms: int, cfg: Balanced):
+    """(S chunks per row, chunk length): S = the most chunks with batch x S <= per_sm x waves
+    x sms (cfg.chunks when set), at most one per `tile` logits; chunks are multiples of 16
+    logits (16-byte aligned starts for every dtype) and none is empty."""
+    s = cfg.chunks or max(1, sms * cfg.per_sm * cfg.waves // batch)
+    s = max(1, min(s, triton.cdiv(vocab, tile)))
+    chunk = triton.cdiv(triton.cdiv(vocab, s), 16) * 16
+    return triton.cdiv(vocab, chunk), chunk
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
            variant: str | None = None, chunk: int | None = None, block: int | None = None,
-           num_warps: int = 8) -> torch.Tensor:
+           num_warps: int = 8, pdl: str = "both",
+           balanced: Balanced | None = None) -> torch.Tensor:
     """Row argmax of logits [B, V] (last dim contiguous) -> int64 [B]; no host sync.
     variant: "ticket" (one launch, last program of a row reduces), "two_stage" (partials,
-    then a reduction launch) or "loop_ticket" (two_stage's load loop with the ticket
-    epilogue: one launch); chunk / block / num_warps override the one-launch variants'
-    launch (powers of two, for sweeps)."""
+    then a reduction launch), "loop_ticket" (two_stage's load loop with the ticket
+    epilogue: one launch), "two_stage_pdl" (two_stage launched as programmatic dependents:
+    pdl "final" or "both", see Balanced) or "balanced" (whole-wave grid, `balanced` or
+    BALANCED); chunk / block / num_warps override the one-launch variants' launch (powers
+    of two, for sweeps)."""
     batch, vocab = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device) if out is None else out
     if batch == 0:
@@ -198,6 +349,8 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
     variant = variant or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    if variant == "balanced":
+        return _balanced(logits, out, balanced or BALANCED)
     if variant == "ticket":
         chunk = min(chunk or _ticket_chunk(batch, vocab), max(128, triton.next_power_of_2(vocab)))
         n_chunks = triton.cdiv(vocab, chunk)
@@ -223,18 +376,50 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None, *,
             n_chunks, CHUNK=chunk, BLOCK=block,
             BLOCK_S=max(16, triton.next_power_of_2(n_chunks)), num_warps=num_warps)
         return out
-    tcfg = _tune.greedy_config(batch, vocab, logits.dtype, logits.device)
+    if pdl not in PDL_MODES:
+        raise ValueError(f"pdl: expected one of {PDL_MODES}, got {pdl!r}")
+    dev = logits.device
+    mode = pdl if variant == "two_stage_pdl" and _pdl_ok(dev) else "none"
+    tcfg = _tune.greedy_config(batch, vocab, logits.dtype, dev)
     chunk = tcfg["chunk"] or _chunk(batch, vocab)
     n_chunks = triton.cdiv(vocab, chunk)
-    dev = logits.device
     val = torch.empty(batch, n_chunks, dtype=torch.float32, device=dev)
     idx = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
     nan = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
-    _argmax_chunk[(batch, n_chunks)](logits, val, idx, nan, vocab, logits.stride(0), n_chunks,
-                                     CHUNK=chunk, BLOCK=min(tcfg["block"], chunk),
-                                     num_warps=tcfg["num_warps"])
-    _argmax_final[(batch,)](val, idx, nan, out, n_chunks,
-                            BLOCK_S=max(16, triton.next_power_of_2(n_chunks)), num_warps=1)
+    pdl_on = mode != "none"
+    (_argmax_chunk_pdl if pdl_on else _argmax_chunk)[(batch, n_chunks)](
+        logits, val, idx, nan, vocab, logits.stride(0), n_chunks, CHUNK=chunk,
+        BLOCK=min(tcfg["block"], chunk), num_warps=tcfg["num_warps"], **_launch(mode, True))
+    (_argmax_final_pdl if pdl_on else _argmax_final)[(batch,)](
+        val, idx, nan, out, n_chunks, BLOCK_S=max(16, triton.next_power_of_2(n_chunks)),
+        num_warps=1, **_launch(mode, False))
+    return out
+
+
+def _launch(mode: str, first: bool) -> dict:
+    """The launch option of one stage under a pdl mode: a programmatic dependent launch for
+    the final stage, and for the first one too under "both". (The first stage's griddepcontrol
+    code is there whenever PDL is on: launched plainly, it still lets its dependent launch
+    early, and its wait returns at once.)"""
+    return {"launch_pdl": True} if mode == "both" or (mode == "final" and not first) else {}
+
+
+def _balanced(logits: torch.Tensor, out: torch.Tensor, cfg: Balanced) -> torch.Tensor:
+    batch, vocab = logits.shape
+    dev = logits.device
+    mode = cfg.pdl if _pdl_ok(dev) else "none"
+    lanes = cfg.num_warps * 32 * (16 // logits.element_size())  # one 16-byte load a thread
+    sms = platform_of(dev).num_sms if dev.type == "cuda" else 2
+    n_chunks, chunk = balanced_split(batch, vocab, cfg.rows * lanes, sms, cfg)
+    val = torch.empty(batch, n_chunks, dtype=torch.float32, device=dev)
+    idx = torch.empty(batch, n_chunks, dtype=torch.int32, device=dev)
+    _argmax_part[(batch * n_chunks,)](logits, val, idx, vocab, logits.stride(0), n_chunks,
+                                      chunk, N=lanes, ROWS=cfg.rows, EVICT=cfg.evict_first,
+                                      PDL=mode != "none", num_warps=cfg.num_warps,
+                                      **_launch(mode, True))
+    _argmax_merge[(batch,)](val, idx, out, n_chunks,
+                            BLOCK_S=max(16, triton.next_power_of_2(n_chunks)),
+                            PDL=mode != "none", num_warps=1, **_launch(mode, False))
     return out
 
 
@@ -254,7 +439,37 @@ def _greedy_cases():
                         dict(CHUNK=8192, BLOCK_S=32), num_warps=8, label="ticket_bf16"),
             CompileCase(_argmax_loop_ticket, dict(sig, cnt_ptr="*i32", out_ptr="*i64"),
                         dict(CHUNK=8192, BLOCK=_BLOCK, BLOCK_S=32), num_warps=8,
-                        label="loop_ticket")]
+                        label="loop_ticket"),
+            # two_stage_pdl: the same kernels behind griddepcontrol (sm_90+ only)
+            CompileCase(_argmax_chunk_pdl, sig, dict(CHUNK=8192, BLOCK=_BLOCK), num_warps=8,
+                        targets=_PDL_TARGETS),
+            CompileCase(_argmax_final_pdl, fin, dict(BLOCK_S=32), num_warps=1,
+                        targets=_PDL_TARGETS)] + _balanced_cases()
+
+
+_PDL_TARGETS = ("sm_90", "sm_100", "sm_120")
+
+
+def _balanced_cases():
+    """_argmax_part / _argmax_merge as BALANCED launches them (V, stride and the chunk are
+    multiples of 16 at V = 151,936, which the JIT specialises on)."""
+    sig = {"x_ptr": "*fp32", "val_ptr": "*fp32", "idx_ptr": "*i32", "V": "i32",
+           "stride": "i32", "S": "i32", "CHUNK": "i32"}
+    aligned = ("V", "stride", "CHUNK")
+    cfg = BALANCED
+    part = dict(ROWS=cfg.rows, EVICT=cfg.evict_first, PDL=False)
+    lanes = cfg.num_warps * 32 * 4
+    merge = {"val_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64", "S": "i32"}
+    return [CompileCase(_argmax_part, sig, dict(part, N=lanes), num_warps=cfg.num_warps,
+                        aligned=aligned),
+            CompileCase(_argmax_part, dict(sig, x_ptr="*bf16"), dict(part, N=2 * lanes),
+                        num_warps=cfg.num_warps, aligned=aligned, label="bf16"),
+            CompileCase(_argmax_part, sig, dict(part, N=lanes, PDL=True),
+                        num_warps=cfg.num_warps, aligned=aligned, label="pdl",
+                        targets=_PDL_TARGETS),
+            CompileCase(_argmax_merge, merge, dict(BLOCK_S=16, PDL=False), num_warps=1),
+            CompileCase(_argmax_merge, merge, dict(BLOCK_S=16, PDL=True), num_warps=1,
+                        label="pdl", targets=_PDL_TARGETS)]
 
 
 @register("sampling", "greedy", **TRITON, formats=FORMATS, tags=("deterministic",),
