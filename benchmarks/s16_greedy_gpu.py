@@ -51,10 +51,14 @@ RES: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys
 # one knob at a time around BALANCED (fp32); the combination of the winners is timed after
 SWEEP = {"pdl": ["none", "final"], "per_sm": [2, 3, 5, 6, 8], "waves": [2, 4],
          "rows": [1, 2, 8], "num_warps": [4, 16], "evict_first": [False]}
+# knobs that interact (warps x programs per SM, waves x size), timed jointly at B > 1 fp32
+JOINT = [{"num_warps": 4, "per_sm": 8}, {"num_warps": 4, "per_sm": 10},
+         {"per_sm": 5, "waves": 2}, {"rows": 2, "per_sm": 5, "waves": 2}]
 SWEEP_B1 = {"pdl": ["none", "final"], "rows": [1, 2], "num_warps": [4]}
 SWEEP_BF16 = {"pdl": ["none"], "rows": [2, 8], "per_sm": [3, 6]}
 if DEV == "cpu":  # smoke run: a few interpreter launches per point
     SWEEP = SWEEP_B1 = SWEEP_BF16 = {"pdl": ["none"], "rows": [2]}
+    JOINT = JOINT[:1]
 
 
 def left() -> float:
@@ -106,8 +110,9 @@ def balanced(cfg: tg.Balanced):
     return lambda d: tg.argmax(d["x"], variant="balanced", balanced=cfg)
 
 
-def point(b: int, dtype: torch.dtype, roof: float) -> dict:
-    """Time the fixed candidates, then sweep balanced's knobs and time the best combination."""
+def point(b: int, dtype: torch.dtype, roof: float | None, until: float) -> dict:
+    """Time the fixed candidates, then (until the clock reads `until`) sweep balanced's knobs
+    and time the combination of each knob's best value."""
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     sets = make_sets(b, dtype)
     spec = special(sets[0]["x"])
@@ -116,8 +121,8 @@ def point(b: int, dtype: torch.dtype, roof: float) -> dict:
            "us": {}, "equal": {}}
     RES["points"].append(row)
 
-    def run(label, fn):
-        if left() < 6:
+    def run(label, fn, sweep=False):
+        if left() < 6 or (sweep and time.time() > until):
             row.setdefault("skipped", []).append(label)
             return None
         try:
@@ -145,10 +150,14 @@ def point(b: int, dtype: torch.dtype, roof: float) -> dict:
         scores = {getattr(tg.BALANCED, knob): base}
         for v in values:
             scores[v] = run(f"balanced_{knob}={v}",
-                            balanced(dataclasses.replace(tg.BALANCED, **{knob: v})))
+                            balanced(dataclasses.replace(tg.BALANCED, **{knob: v})), True)
         timed = {k: t for k, t in scores.items() if t is not None}
         if timed:
             best[knob] = min(timed, key=timed.get)
+    if dtype == torch.float32 and b > 1:
+        for knobs in JOINT:
+            label = "balanced_" + ",".join(f"{k}={v}" for k, v in knobs.items())
+            run(label, balanced(dataclasses.replace(tg.BALANCED, **knobs)), True)
     combo = dataclasses.replace(tg.BALANCED, **best)
     row["best_knobs"] = {k: v for k, v in best.items() if v != getattr(tg.BALANCED, k)}
     if combo != tg.BALANCED:
@@ -215,12 +224,19 @@ def registers() -> list[dict]:
                     continue
                 per_warp = -(-regs * 32 // 256) * 256
                 ctas = min(32, 64 // warps, 65536 // (per_warp * warps))
-                consts = getattr(getattr(k, "src", None), "constants", {})
+                src = getattr(k, "src", None)
+                consts = getattr(src, "constexprs", None) or getattr(src, "constants", {}) or {}
+                names = fn.arg_names
                 rows.append({"kernel": fn.fn.__name__, "num_warps": warps, "regs": regs,
                              "spills": getattr(k, "n_spills", None), "ctas_per_sm": ctas,
-                             "constexprs": {str(a): v for a, v in consts.items()
+                             "constexprs": {_arg(names, a): v for a, v in consts.items()
                                             if isinstance(v, (int, bool, str))}})
     return rows
+
+
+def _arg(names, key) -> str:
+    i = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+    return names[i] if isinstance(i, int) and i < len(names) else str(key)
 
 
 def table() -> None:
@@ -236,20 +252,29 @@ def table() -> None:
 def main() -> None:
     roof = copy_bandwidth(DEV) if DEV == "cuda" else None
     RES["copy_GBps"] = round(roof, 1) if roof else None
-    for b, dtype in ((64, torch.float32), (256, torch.float32), (1, torch.float32),
-                     (64, torch.bfloat16)):
-        if DEV == "cpu":  # the interpreter: small batches, fp16 for bf16 (not exact there)
-            b, dtype = min(b, 3), torch.float16 if dtype == torch.bfloat16 else dtype
-        point(b, dtype, roof)
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
     try:
         RES["checks"] = graph_and_streams()
     except Exception:  # noqa: BLE001
         RES["checks"] = {"error": traceback.format_exc()[-1500:]}
-    RES["registers"] = registers() if DEV == "cuda" else []
+    print(RES["checks"], flush=True)
     save()
-    print(RES["checks"])
+    # each point's sweep stops at its share of what is left (the fixed candidates always run)
+    plan = ((64, torch.float32, 0.4), (256, torch.float32, 0.35), (1, torch.float32, 0.15),
+            (64, torch.bfloat16, 0.1))
+    share = 0.0
+    start, total = time.time(), left() - 8
+    for b, dtype, frac in plan:
+        share += frac
+        if DEV == "cpu":  # the interpreter: small batches, fp16 for bf16 (not exact there)
+            b, dtype = min(b, 3), torch.float16 if dtype == torch.bfloat16 else dtype
+        point(b, dtype, roof, start + share * total)
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    try:
+        RES["registers"] = registers() if DEV == "cuda" else []
+    except Exception:  # noqa: BLE001 - Triton internals: informative only
+        RES["registers"] = traceback.format_exc()[-800:]
+    save()
     table()
 
 

@@ -129,6 +129,8 @@ def test_balanced_split_whole_waves():
         assert chunk % 16 == 0 and (s - 1) * chunk < v <= s * chunk
     with pytest.raises(ValueError, match="pdl"):
         tg.Balanced(pdl="all")
+    with pytest.raises(ValueError, match="powers of two"):
+        tg.Balanced(rows=3)
 
 
 @pytest.mark.gpu

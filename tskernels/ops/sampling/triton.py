@@ -305,6 +305,8 @@ class Balanced:
             raise ValueError(f"pdl: expected one of {PDL_MODES}, got {self.pdl!r}")
         if min(self.per_sm, self.waves, self.rows, self.num_warps) < 1 or self.chunks < 0:
             raise ValueError(f"Balanced: every count must be positive, got {self}")
+        if self.rows & (self.rows - 1) or self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"Balanced: rows and num_warps must be powers of two, got {self}")
 
 
 VARIANTS = ("ticket", "two_stage", "loop_ticket", "two_stage_pdl", "balanced")
@@ -317,8 +319,10 @@ BALANCED = Balanced()
 
 def _pdl_ok(device: torch.device) -> bool:
     """Programmatic dependent launch: NVIDIA sm_90+ (the platform is cached per device)."""
+    if device.type != "cuda":
+        return False
     plat = platform_of(device)
-    return device.type == "cuda" and plat.vendor == "nvidia" and plat.arch >= 90
+    return plat.vendor == "nvidia" and plat.arch >= 90
 
 
 def balanced_split(batch: int, vocab: int, tile: int, sms: int, cfg: Balanced):
