@@ -33,9 +33,12 @@ def _tokens(rng, n, vocab):
 
 
 def _run_one(eng: Engine, rid: str, prompt, max_tokens: int, **sp):
-    """(ttft_s, [token times], output ids, cached_tokens) of one request run alone."""
+    """(ttft_s, [token times], output ids, cached_tokens, add_request s) of one request run
+    alone. The TTFT's clock starts before add_request (the prompt check and the scheduler's
+    submit are in it; ttft_profile_probe.py starts after it)."""
     t0 = time.perf_counter()
     eng.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sp))
+    added = time.perf_counter() - t0
     times, ids, cached = [], [], 0
     while eng.has_unfinished():
         for o in eng.step():
@@ -43,7 +46,7 @@ def _run_one(eng: Engine, rid: str, prompt, max_tokens: int, **sp):
                 times.append(time.perf_counter())
                 ids += o.new_token_ids
                 cached = o.cached_tokens
-    return times[0] - t0, times, ids, cached
+    return times[0] - t0, times, ids, cached, added
 
 
 def _itl(times):
@@ -65,16 +68,19 @@ def _weight_bytes(model) -> int:
 def conc1(eng: Engine, args, rng) -> dict:
     vocab = int(eng.hf_config.vocab_size)
     a = _tokens(rng, args.context, vocab)
-    t1, times1, out1, _ = _run_one(eng, "turn0", a, args.output)
+    t1, times1, out1, _, _ = _run_one(eng, "turn0", a, args.output)
     turns, history = [], a + out1
     for t in range(args.later_turns):
         prompt = history + _tokens(rng, args.new, vocab)
-        ttft, times, out, cached = _run_one(eng, f"turn{t + 1}", prompt, args.output)
+        ttft, times, out, cached, added = _run_one(eng, f"turn{t + 1}", prompt, args.output)
+        # computed: the tokens the turn's prefill ran (new ones + the uncached tail of the last
+        # page); add_request_ms: the part of the TTFT before the engine's first step
         turns.append({"prompt_tokens": len(prompt), "reusable": len(history), "cached": cached,
-                      "ttft_ms": ttft * 1e3, "itl": _itl(times)})
+                      "computed": len(prompt) - cached, "ttft_ms": ttft * 1e3,
+                      "add_request_ms": added * 1e3, "itl": _itl(times)})
         history = prompt + out
     fresh = _tokens(rng, turns[-1]["prompt_tokens"], vocab)   # same length, nothing cached
-    ttft_cold, _, _, cached_cold = _run_one(eng, "cold", fresh, 2)
+    ttft_cold, _, _, cached_cold, _ = _run_one(eng, "cold", fresh, 2)
     pool = eng.runner.pool
     kv_bytes = pool.bytes_per_token(eng.runner.spec, pool.dtype) * turns[-1]["prompt_tokens"]
     wbytes = _weight_bytes(eng.model)
@@ -82,7 +88,9 @@ def conc1(eng: Engine, args, rng) -> dict:
     itl = turns[-1]["itl"].get("p50_ms")
     later = [x["ttft_ms"] for x in turns]
     return {"first_turn_ttft_ms": t1 * 1e3, "first_turn_itl": _itl(times1), "later_turns": turns,
+            "sampling": "temperature 1 (SamplingParams' default), ignore_eos",
             "later_ttft_ms_median": statistics.median(later),
+            "later_add_request_ms_median": statistics.median(x["add_request_ms"] for x in turns),
             "prefix_hit_of_reusable": sum(x["cached"] for x in turns) / sum(x["reusable"] for x in turns),
             "uncached_same_length_ttft_ms": ttft_cold * 1e3, "uncached_cached_tokens": cached_cold,
             "ablation_ttft_ratio": ttft_cold * 1e3 / statistics.median(later),
