@@ -23,21 +23,23 @@ from tskernels.ops.gemm import cuda_fp8_sm90 as cf, triton_mm as tm
 
 ROTATE_BYTES = 150 << 20
 CUDA_CONFIGS = {
-    "bn128_s6": dict(block_n=128, stages=6, pipe=False),
-    "bn128_s6_pipe": dict(block_n=128, stages=6, pipe=True),
-    "bn128_s6_c2": dict(block_n=128, stages=6, pipe=False, cluster=2),
     "bn256_s4": dict(block_n=256, stages=4, pipe=False),
-    "bn256_s4_c2": dict(block_n=256, stages=4, pipe=False, cluster=2),
-    "bn128_s6_pipe_g16": dict(block_n=128, stages=6, pipe=True, group_m=16),
+    "bn256_s4_cb1": dict(block_n=256, stages=4, pipe=False, cbuf=1),
+    "bn256_s3_cb2": dict(block_n=256, stages=3, pipe=False, cbuf=2),
+    "bn128_s5_cb2": dict(block_n=128, stages=5, pipe=False, cbuf=2),
+    "bn128_s6_pipe_cb1": dict(block_n=128, stages=6, pipe=True, cbuf=1),
+    "bn256_s4_c2_cb1": dict(block_n=256, stages=4, pipe=False, cluster=2, cbuf=1),
+    "bn256_s4_cb1_g16": dict(block_n=256, stages=4, pipe=False, cbuf=1, group_m=16),
 }
 
 
 def _pairs(cfg) -> int:
     from tskernels.ops import cuda_driver
     c = cf.check_config(cfg)
-    smem = cf.smem_bytes(c["block_n"], c["stages"])
+    smem = cf.smem_bytes(c["block_n"], c["stages"], c["cbuf"])
     fn = cuda_driver.sm90a_function(torch.device("cuda", 0), cf.SOURCE, cf.KERNEL, cf.nvcc_options(
-        c["block_n"], c["stages"], c["pipe"], torch.bfloat16, c["cluster"]), smem, "fp8")
+        c["block_n"], c["stages"], c["pipe"], torch.bfloat16, c["cluster"], c["cbuf"]), smem,
+        "fp8")
     return cf.resident_clusters(fn, smem, torch.device("cuda", 0), c["cluster"])
 
 

@@ -22,7 +22,9 @@ from tskernels.bench.cases import gemm as cases
 from tskernels.ops.gemm import cuda_fp8_sm90 as cf
 
 BASE = {"bn128": dict(block_n=128, stages=6, pipe=False),
-        "bn256": dict(block_n=256, stages=4, pipe=False)}
+        "bn256": dict(block_n=256, stages=4, pipe=False),
+        "bn256cb1": dict(block_n=256, stages=4, pipe=False, cbuf=1),
+        "bn128cb2": dict(block_n=128, stages=5, pipe=False, cbuf=2)}
 # -D options a lab build may add (the ablation macros of commit f869496's source, since
 # removed: ABL_NO_SCALES / ABL_NO_PROMOTE / ABL_NO_STORE; results in benchmarks/RESULTS.md)
 ABLATIONS = {"": ()}

@@ -53,7 +53,14 @@ SWEEP = {"pdl": ["none", "final"], "per_sm": [2, 3, 5, 6, 8], "waves": [2, 4],
          "rows": [1, 2, 8], "num_warps": [4, 16], "evict_first": [False]}
 # knobs that interact (warps x programs per SM, waves x size), timed jointly at B > 1 fp32
 JOINT = [{"num_warps": 4, "per_sm": 8}, {"num_warps": 4, "per_sm": 10},
-         {"per_sm": 5, "waves": 2}, {"rows": 2, "per_sm": 5, "waves": 2}]
+         {"per_sm": 5, "waves": 2}, {"rows": 2, "per_sm": 5, "waves": 2},
+         # second run: around the first run's best (4 warps, 10 per SM)
+         {"num_warps": 4, "per_sm": 12}, {"num_warps": 4, "per_sm": 16},
+         {"num_warps": 4, "per_sm": 10, "rows": 8}, {"num_warps": 4, "per_sm": 10, "rows": 2},
+         {"num_warps": 2, "per_sm": 16}, {"num_warps": 2, "per_sm": 20},
+         {"num_warps": 4, "per_sm": 10, "pdl": "final"}]
+JOINT_BF16 = [{"num_warps": 4, "per_sm": 8}, {"num_warps": 4, "per_sm": 6},
+              {"num_warps": 4, "per_sm": 10}, {"num_warps": 8, "per_sm": 5}]
 SWEEP_B1 = {"pdl": ["none", "final"], "rows": [1, 2], "num_warps": [4]}
 SWEEP_BF16 = {"pdl": ["none"], "rows": [2, 8], "per_sm": [3, 6]}
 if DEV == "cpu":  # smoke run: a few interpreter launches per point
@@ -154,8 +161,8 @@ def point(b: int, dtype: torch.dtype, roof: float | None, until: float) -> dict:
         timed = {k: t for k, t in scores.items() if t is not None}
         if timed:
             best[knob] = min(timed, key=timed.get)
-    if dtype == torch.float32 and b > 1:
-        for knobs in JOINT:
+    if b > 1:
+        for knobs in (JOINT if dtype == torch.float32 else JOINT_BF16):
             label = "balanced_" + ",".join(f"{k}={v}" for k, v in knobs.items())
             run(label, balanced(dataclasses.replace(tg.BALANCED, **knobs)), True)
     combo = dataclasses.replace(tg.BALANCED, **best)

@@ -36,29 +36,34 @@ THREADS = 384          # producer + two consumer warpgroups
 SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
 # block_n: tile columns (128 or 256); stages: ring depth; pipe: two temporaries per consumer
 # (K blocks in pairs, block_n 128 only); group_m: tile rows (cluster: tile-row pairs) walked
-# together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile; a lab
-# run may add "extra": more -D options (the source's ablations)
-CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8, "cluster": 1}
+# together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile; cbuf:
+# 64-column shared staging buffers per consumer for the TMA-store epilogue (0: direct stores
+# from registers); a lab run may add "extra": more -D options
+CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8, "cluster": 1, "cbuf": 0}
 
 
-def smem_bytes(block_n: int, stages: int) -> int:
-    """The ring (A [128 x 128] and B [block_n x 128] e4m3 per stage), each stage's scales
-    (128 + 8 floats), the mbarriers and 1 KB of alignment slack (the source's SMEM_BYTES)."""
-    return stages * (BLOCK_M + block_n) * BLOCK + stages * (BLOCK_M + 8) * 4 + 16 * stages + 1024
+def smem_bytes(block_n: int, stages: int, cbuf: int = 0) -> int:
+    """The ring (A [128 x 128] and B [block_n x 128] e4m3 per stage), the epilogue's staging
+    buffers (cbuf x [64 x 64] 16-bit per consumer warpgroup), each stage's scales (128 + 8
+    floats), the mbarriers and 1 KB of alignment slack (the source's SMEM_BYTES)."""
+    return (stages * (BLOCK_M + block_n) * BLOCK + 2 * max(cbuf, 1) * 64 * 128
+            + stages * (BLOCK_M + 8) * 4 + 16 * stages + 1024)
 
 
 def nvcc_options(block_n: int, stages: int, pipe: bool, out_dtype: torch.dtype,
-                 cluster: int = 1) -> tuple[str, ...]:
+                 cluster: int = 1, cbuf: int = 0) -> tuple[str, ...]:
     out = {torch.bfloat16: (), torch.float16: ("-DOUT_F16",), torch.float32: ("-DOUT_F32",)}
     return ("-std=c++17", cuda_driver.INCLUDE, f"-DBN={block_n}", f"-DSTAGES={stages}",
             *(("-DPIPE",) if pipe else ()), *((f"-DCLUSTER={cluster}",) if cluster > 1 else ()),
-            *out[out_dtype])
+            f"-DCBUF={max(cbuf, 1)}", *out[out_dtype])
 
 
 def check_config(cfg: dict) -> dict:
     cfg = {**CONFIG, **(cfg or {})}
     bn, stages = cfg["block_n"], cfg["stages"]
-    if bn not in (128, 256) or stages < 2 or smem_bytes(bn, stages) > SMEM_LIMIT:
+    if cfg["cbuf"] not in (0, 1, 2):
+        raise ValueError(f"CUDA fp8 GEMM: cbuf 0, 1 or 2, got {cfg['cbuf']!r}")
+    if bn not in (128, 256) or stages < 2 or smem_bytes(bn, stages, cfg["cbuf"]) > SMEM_LIMIT:
         raise ValueError(f"CUDA fp8 GEMM: block_n 128 or 256 and 2+ stages within "
                          f"{SMEM_LIMIT} bytes of shared memory, got {bn}, {stages}")
     if cfg["pipe"] and (bn != 128 or cfg["cluster"] != 1):
@@ -129,8 +134,9 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     bn, stages, cl = cfg["block_n"], cfg["stages"], cfg["cluster"]
     a, b = _tma_rows(a), _tma_rows(b)
     a_scale, b_scale = a_scale.float().contiguous(), b_scale.float().contiguous()
-    smem = smem_bytes(bn, stages)
-    opts = nvcc_options(bn, stages, cfg["pipe"], out.dtype, cl) + tuple(cfg.get("extra", ()))
+    smem = smem_bytes(bn, stages, cfg["cbuf"])
+    opts = nvcc_options(bn, stages, cfg["pipe"], out.dtype, cl, cfg["cbuf"]) + \
+        tuple(cfg.get("extra", ()))
     fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL, opts, smem, "CUDA fp8 block GEMM")
     amap = cuda_driver.tensor_map_2d(a, m, k, a.stride(0), BLOCK_M, box_cols=BLOCK)
     bmap = cuda_driver.tensor_map_2d(b, n, k, b.stride(0), bn // cl, box_cols=BLOCK)
@@ -139,12 +145,16 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     items = -(-tiles_m // cl) * tiles_n
     grid = cl * min(items, resident_clusters(fn, smem, dev, cl))
     vec2 = out.stride(0) % 2 == 0 and out.data_ptr() % (2 * out.element_size()) == 0
-    args = (amap, bmap, ctypes.c_uint64(a_scale.data_ptr()), ctypes.c_uint64(b_scale.data_ptr()),
+    # TMA-store epilogue: 16-bit c, rows 16-byte aligned (else direct stores from registers)
+    tma_c = cfg["cbuf"] > 0 and out.element_size() == 2 and out.stride(0) % 8 == 0 and \
+        out.data_ptr() % 16 == 0
+    cmap = cuda_driver.tensor_map_2d(out, m, n, out.stride(0) * 2, 64) if tma_c else amap
+    args = (amap, bmap, cmap, ctypes.c_uint64(a_scale.data_ptr()), ctypes.c_uint64(b_scale.data_ptr()),
             ctypes.c_uint64(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n),
             ctypes.c_int(-(-k // BLOCK)), ctypes.c_int64(out.stride(0)),
             ctypes.c_int64(a_scale.stride(0)), ctypes.c_int64(b_scale.stride(0)),
             ctypes.c_int(tiles_m), ctypes.c_int(tiles_n), ctypes.c_int(cfg["group_m"]),
-            ctypes.c_int(int(vec2)))
+            ctypes.c_int(int(vec2)), ctypes.c_int(int(tma_c)))
     cuda_driver.launch(fn, grid, THREADS, smem, dev, args)
     return out
 

@@ -23,8 +23,12 @@
 //    into t, wait, then acc[h] += t * (a_scale[row] * b_scale[h]); the stage is released
 //    (256 arrivals on "empty") once its last MMA is in. -DPIPE (BN = 128 only) keeps two
 //    temporaries: block kb's MMAs run while block kb - 1 is promoted.
-//  * the epilogue stores each thread's accumulator rows straight from registers (rows past M
-//    and columns past N skipped), while the producer already loads the next tile's stages.
+//  * the epilogue (16-bit c with 16-byte-aligned rows, `cmap` given) writes each consumer's
+//    64 rows 64 columns at a time into a swizzled shared buffer (CBUF per consumer) and one
+//    thread stores the box with TMA (asynchronous, clipped at M / N), while the producer
+//    already loads the next tile's stages. Direct stores from registers, one 4-byte pair per
+//    thread and row (8 rows x 16 bytes per warp instruction), cost ~2.5 us per tile on the H200
+//    (the per-tile overhead at K = 2048); they remain for fp32 c and unaligned rows.
 // -DCLUSTER=2: CTA pairs (a cluster) take vertically adjacent tiles of one tile column, in
 // lockstep; each CTA's producer loads half of the shared B tile and multicasts it into both
 // CTAs, so a CTA reads A + B / 2 per stage from L2 instead of A + B (the single-CTA kernel is
@@ -65,7 +69,12 @@
 #define B_TILE (BN * BK)
 #define STAGE_BYTES (A_TILE + B_TILE)
 #define SC_FLOATS (BM + 8)         // a stage's scales: BM activation, NH weight (padded)
-#define SC_OFFSET (STAGES * STAGE_BYTES)
+#ifndef CBUF
+#define CBUF 1                     // 64-column C staging buffers per consumer warpgroup
+#endif
+#define C_CHUNK (64 * 128)         // a consumer's 64 rows x 64 16-bit columns (128-byte rows)
+#define C_OFFSET (STAGES * STAGE_BYTES)
+#define SC_OFFSET (C_OFFSET + 2 * CBUF * C_CHUNK)
 #define BAR_OFFSET (SC_OFFSET + STAGES * SC_FLOATS * 4)
 #define SMEM_BYTES (BAR_OFFSET + 16 * STAGES + 1024)  // + alignment slack
 #define PRODUCER_REGS 40           // 40 + 2 x 232 registers per thread <= 512
@@ -81,6 +90,24 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128(float* d, u64 da, u64 db, int
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// TMA store of a {64 columns, 64 rows} box from shared memory (128-byte swizzled by the map),
+// clipped at the tensor's edges; bulk groups let the issuing thread wait until the shared
+// buffer has been read (wait_read) or the stores are done (at exit)
+__device__ __forceinline__ void tma_store(const TensorMap* map, u32 src, int col, int row) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 :: "l"((u64)map), "r"(col), "r"(row), "r"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // 4-byte asynchronous copy global -> shared (nbytes 0: zero fill), and the arrival on an
@@ -209,15 +236,17 @@ __device__ __forceinline__ void stage_finish(float* acc, float* d, float s0, flo
 // amap: A as a 2-D [M, K] byte tensor, boxes of 128 columns x BM rows; bmap: B [N, K], boxes
 // of 128 x BN / CLUSTER rows. a_scale [M, KB] (row stride as_st), b_scale [ceil(N / 128), KB] (row
 // stride bs_st), fp32. c [M, N] with row stride ldc (elements); vec2: ldc even and c 4-byte
-// (8 for fp32) aligned, so column pairs go out as one store.
+// (8 for fp32) aligned, so column pairs go out as one store; tma_c: store through cmap (c as
+// a 2-D tensor, boxes of 64 x 64, 128-byte swizzle; 16-bit c only) instead.
 extern "C" __global__ void __launch_bounds__(384, 1)
 #if CLUSTER == 2
 __cluster_dims__(2, 1, 1)
 #endif
 fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constant__ TensorMap bmap,
+                    const __grid_constant__ TensorMap cmap,
                     const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                     void* __restrict__ c, int M, int N, int KB, long ldc, long as_st,
-                    long bs_st, int tiles_m, int tiles_n, int group_m, int vec2) {
+                    long bs_st, int tiles_m, int tiles_n, int group_m, int vec2, int tma_c) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
@@ -351,6 +380,33 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             }
         }
 #endif
+#if !defined(OUT_F32)
+        if (tma_c) {  // uniform: every thread of the launch takes the same side
+            const u32 cb = base + C_OFFSET + w * CBUF * C_CHUNK;
+            const int rl = 16 * warp + (lane >> 2);  // row r0 inside this warpgroup's 64
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j) {
+                const u32 buf = cb + (j % CBUF) * C_CHUNK;
+                if (tw == 0) bulk_wait_read<CBUF - 1>();  // the store that last read buf is done
+                named_sync(1 + w, 128);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {  // column group 8 j + i: acc[4 (8 j + i) ..]
+                    const int g = 8 * j + i;
+                    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(swz(buf, rl, i) + 4 * q),
+                                 "r"(pack2(acc[4 * g], acc[4 * g + 1])) : "memory");
+                    asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(swz(buf, rl + 8, i) + 4 * q),
+                                 "r"(pack2(acc[4 * g + 2], acc[4 * g + 3])) : "memory");
+                }
+                fence_async_shared();  // before the TMA (async proxy) reads them
+                named_sync(1 + w, 128);
+                if (tw == 0) {
+                    tma_store(&cmap, buf, n0 + 64 * j, m0 + 64 * w);
+                    bulk_commit();
+                }
+            }
+            continue;
+        }
+#endif
         // epilogue: acc[4 j + e] is row r0 (e < 2) or r0 + 8, column 8 j + 2 q + (e & 1)
         const int gr0 = m0 + r0, gr1 = gr0 + 8;
 #pragma unroll
@@ -364,6 +420,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             }
         }
     }
+    if (tw == 0) bulk_wait_all();  // the shared buffers stay until the last stores read them
     }  // consumers
 #if CLUSTER == 2
     cluster_sync();  // neither CTA leaves while its peer may still arrive on its barriers
