@@ -410,7 +410,13 @@ def main() -> int:
             doc["skipped"].append(name)
             continue
         t0 = time.time()
-        r = flow(eng, probe, name, rng, turns, context=context, new=new, forced_splits=forced)
+        try:
+            r = flow(eng, probe, name, rng, turns, context=context, new=new,
+                     forced_splits=forced)
+        except Exception as e:  # noqa: BLE001 - the other flows still run
+            doc["skipped"].append(f"{name}: {type(e).__name__}: {e}")
+            print(traceback.format_exc(), flush=True)
+            continue
         r.update(engine="A", wall_s=round(time.time() - t0, 1))
         doc["flows"].append(r)
         save()
