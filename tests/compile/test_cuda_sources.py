@@ -182,11 +182,11 @@ def test_cuda_mla_decode_compiles(tmp_path):
 
 
 QGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3")
-# (block_n, stages, pipe, cluster, out dtype): the shipped config first, then what the GPU
-# tier and the lab script launch
-FP8_CONFIGS = [(128, 6, True, 1, torch.bfloat16), (128, 6, False, 1, torch.bfloat16),
-               (256, 4, False, 1, torch.bfloat16), (128, 6, True, 1, torch.float16),
-               (256, 4, False, 2, torch.bfloat16), (128, 6, False, 2, torch.float32)]
+# (block_n, stages, pipe, cluster, cbuf, out dtype): the shipped config first, then what the
+# GPU tier and the lab script launch
+FP8_CONFIGS = [(256, 4, False, 1, 1, torch.bfloat16), (128, 6, True, 1, 0, torch.float16),
+               (256, 3, False, 1, 2, torch.bfloat16), (128, 5, False, 1, 2, torch.bfloat16),
+               (256, 4, False, 2, 1, torch.bfloat16), (128, 6, False, 2, 0, torch.float32)]
 
 
 def test_cuda_fp8_block_mm_compiles(tmp_path):
@@ -197,19 +197,23 @@ def test_cuda_fp8_block_mm_compiles(tmp_path):
     spec = next(k for k in tskernels.kernels() if k.name == "gemm.fp8_block_mm.cuda_sm90")
     assert spec.verification.compiled == frozenset({"sm_90"})
     cfg = fp8.CONFIG
-    assert (cfg["block_n"], cfg["stages"], cfg["pipe"], cfg["cluster"]) == FP8_CONFIGS[0][:4]
+    assert (cfg["block_n"], cfg["stages"], cfg["pipe"], cfg["cluster"], cfg["cbuf"]) == \
+        FP8_CONFIGS[0][:5]
     rows = []
-    for bn, stages, pipe, cl, out in FP8_CONFIGS:
-        fp8.check_config({"block_n": bn, "stages": stages, "pipe": pipe, "cluster": cl})
-        text, r = _build_sm90a(fp8.SOURCE, fp8.nvcc_options(bn, stages, pipe, out, cl), tmp_path)
+    for bn, stages, pipe, cl, cbuf, out in FP8_CONFIGS:
+        fp8.check_config({"block_n": bn, "stages": stages, "pipe": pipe, "cluster": cl,
+                          "cbuf": cbuf})
+        text, r = _build_sm90a(fp8.SOURCE, fp8.nvcc_options(bn, stages, pipe, out, cl, cbuf),
+                               tmp_path)
         r.update(kernel="fp8_block_wgmma", block_n=bn, stages=stages, pipe=pipe, cluster=cl,
-                 out=str(out), multicast=".multicast::cluster" in text,
+                 cbuf=cbuf, out=str(out), multicast=".multicast::cluster" in text,
+                 tma_store="cp.async.bulk.tensor.2d.global.shared::cta" in text,
                  wgmma=bool(QGMMA.search(text)), tma=bool(TMA.search(text)),
-                 smem=fp8.smem_bytes(bn, stages))
+                 smem=fp8.smem_bytes(bn, stages, cbuf))
         rows.append(r)
         # 4 MMAs per 128-deep K block, per 128-column half (x2 for the pair of temporaries)
         assert r["wgmma"] and r["tma"] and r["sass_tma"] and r["multicast"] == (cl == 2), r
         assert r["sass_qgmma"] == (8 if pipe or bn == 256 else 4), r
         assert r["spill_bytes"] == 0 and not r["serialized"], r["log"]
-        assert r["smem"] <= fp8.SMEM_LIMIT, r
+        assert r["smem"] <= fp8.SMEM_LIMIT and r["tma_store"] == (out != torch.float32), r
     _record("fp8_block_wgmma", rows)

@@ -22,7 +22,7 @@ def _hopper() -> bool:
 
 
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="sm_90a kernel: needs an H100 / H200")
-CONFIGS = [dict(block_n=128, stages=6, pipe=True), dict(block_n=128, stages=6, pipe=False),
+CONFIGS = [dict(), dict(block_n=128, stages=6, pipe=True), dict(block_n=128, stages=6, pipe=False),
            dict(block_n=256, stages=4, pipe=False),
            dict(block_n=256, stages=4, pipe=False, cluster=2),
            dict(block_n=128, stages=6, pipe=False, cluster=2),
@@ -56,10 +56,12 @@ def _check(m, n, k, out_dtype, cfg, seed, a_view=False):
 
 
 @needs_hopper
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bn{c['block_n']}s{c['stages']}"
-                         f"{'p' if c['pipe'] else ''}c{c.get('cluster', 1)}b{c.get('cbuf', 0)}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "shipped" if not c else
+                         f"bn{c['block_n']}s{c['stages']}{'p' if c['pipe'] else ''}"
+                         f"c{c.get('cluster', 1)}b{c.get('cbuf', 0)}")
 @pytest.mark.parametrize("m,n,k", [(4096, 7168, 2048), (300, 2112, 7168), (129, 24576, 1536),
-                                   (1, 256, 128), (257, 384, 1280), (200, 200, 300)])
+                                   (1, 256, 128), (257, 384, 1280), (200, 200, 300),
+                                   (1000, 2112, 1024), (130, 4160, 512)])
 def test_configs_against_reference(cfg, m, n, k):
     _check(m, n, k, torch.bfloat16, cfg, m * 7 + n + k)
 

@@ -39,7 +39,9 @@ SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
 # together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile; cbuf:
 # 64-column shared staging buffers per consumer for the TMA-store epilogue (0: direct stores
 # from registers); a lab run may add "extra": more -D options
-CONFIG = {"block_n": 128, "stages": 6, "pipe": True, "group_m": 8, "cluster": 1, "cbuf": 0}
+# The shipped config: [128 x 256] tiles, 4 stages, the TMA-store epilogue, 16 tile rows per
+# group (H200, M = 4096, DeepSeek-V3 shapes and 8192^3: benchmarks/RESULTS.md, "Session 16")
+CONFIG = {"block_n": 256, "stages": 4, "pipe": False, "group_m": 16, "cluster": 1, "cbuf": 1}
 
 
 def smem_bytes(block_n: int, stages: int, cbuf: int = 0) -> int:
@@ -154,6 +156,7 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
             ctypes.c_int(-(-k // BLOCK)), ctypes.c_int64(out.stride(0)),
             ctypes.c_int64(a_scale.stride(0)), ctypes.c_int64(b_scale.stride(0)),
             ctypes.c_int(tiles_m), ctypes.c_int(tiles_n), ctypes.c_int(cfg["group_m"]),
+            ctypes.c_int(int(0 < n % bn <= bn // 2 and bn > 128)),
             ctypes.c_int(int(vec2)), ctypes.c_int(int(tma_c)))
     cuda_driver.launch(fn, grid, THREADS, smem, dev, args)
     return out

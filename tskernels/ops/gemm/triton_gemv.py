@@ -195,8 +195,9 @@ EARLY_STREAM = False
 # most its K range) asked into L2 *before* griddepcontrol.wait, so a projection's weight
 # stream starts while the kernel before it (an RMSNorm, SiLU-mul, the attention merge: see
 # shared/pdl.CHAIN for making those trigger early) still runs, instead of after it. 0: off
-# (the launch above). Not yet timed on the H200 (benchmarks/s16_decode_gpu.py A/Bs it).
-PREFETCH_TILES = 0
+# (the launch above). 2: the fastest of 2 / 4 / 8 on the H200 (one Llama-3-8B decode layer at
+# B=1 with the chain: 123.7 / 126.2 / 133.1 us vs 129.4 before; benchmarks/RESULTS.md).
+PREFETCH_TILES = 2
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
 # and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
 # (benchmarks/gemm_decode_ab.py, M = 1): half the K splits on Llama-3-8B's o (13.6 -> 11.2 us)

@@ -20,9 +20,9 @@ from .._common import TRITON
 from ..shared import pdl
 
 # q and k rotated by one launch (_rope_qk_kernel, q's tuned config for both) instead of one
-# each: one launch less per attention layer. Off until timed on the H200
-# (benchmarks/s16_decode_gpu.py); a chained rope (shared/pdl.CHAIN) takes that kernel too.
-ONE_LAUNCH = False
+# each: one launch less per attention layer (on by default with the chain since the H200 A/B,
+# benchmarks/RESULTS.md "Session 16"); a chained rope (shared/pdl.CHAIN) takes that kernel too.
+ONE_LAUNCH = True
 
 
 @triton.jit

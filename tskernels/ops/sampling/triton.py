@@ -310,11 +310,12 @@ class Balanced:
 
 
 VARIANTS = ("ticket", "two_stage", "loop_ticket", "two_stage_pdl", "balanced")
-# The default. Both new variants are free of state shared across calls (per-call partials
-# from the caching allocator, like two_stage); which one wins is for the H200 to say
-# (benchmarks/s16_greedy_gpu.py), after which this line names it.
-VARIANT = "two_stage"
-BALANCED = Balanced()
+# The default: "balanced" at 4 warps x 10 programs per SM, the fastest measured on the H200 at
+# B = 1 / 64 / 256 fp32 and B = 64 bf16 (fp32 B = 64: 12.2 us vs two_stage 15.0, B = 256:
+# 38.3 vs 47.0; benchmarks/RESULTS.md, "Session 16"). Free of state shared across calls
+# (per-call partials from the caching allocator, like two_stage).
+VARIANT = "balanced"
+BALANCED = Balanced(per_sm=10, num_warps=4)
 
 
 def _pdl_ok(device: torch.device) -> bool:

@@ -17,8 +17,9 @@ before the wait (the gemv's L2 prefetch, triton_gemv.PREFETCH_TILES) is safe bec
 kernel of a step writes weights, and an L2 prefetch cannot return stale data (L2 is where the
 predecessor's stores land).
 
-CHAIN is read at every launch (so one process can time both), empty by default: the chained
-form has not been timed on the H200 yet (benchmarks/s16_decode_gpu.py A/Bs it).
+CHAIN is read at every launch (so one process can time both). Every name is on by default since
+the H200 A/B (benchmarks/s16_decode_gpu.py; with triton_gemv.PREFETCH_TILES = 2 and the one-launch
+RoPE: dummy Llama-3-8B B=1 4.37 -> 4.17 ms/step, benchmarks/RESULTS.md "Session 16").
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from ...platform import platform_of
 
 # the kernels launched chained (see above), by name; e.g. {"rmsnorm", "act_and_mul", "rope",
 # "store_kv", "merge"}. Any iterable of names (benchmarks/serve_ab.py sets a literal).
-CHAIN: frozenset[str] = frozenset()
 NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "merge")
+CHAIN: frozenset[str] = frozenset(NAMES)
 # the compile targets of the chained forms (griddepcontrol: sm_90+)
 TARGETS = ("sm_90", "sm_100", "sm_120")
 

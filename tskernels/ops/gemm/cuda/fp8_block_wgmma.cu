@@ -159,10 +159,19 @@ __device__ __forceinline__ void tma_load_multicast(u32 dst, const TensorMap* map
 }
 #endif
 
-// tile t of the grouped order: group_m tile rows at a time, down each column of the group
+// work item t: grouped order (group_m tile rows at a time, down each column of the group)
+// over the tile columns, except that with `narrow` the last column (at most half a tile wide:
+// its second half skips its MMAs) comes after all the others, so its cheaper tiles fill the
+// last, partial wave of the persistent grid
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int group_m,
-                                            int& mb, int& nb) {
-    const int per_group = group_m * tiles_n, g = t / per_group, first = g * group_m;
+                                            int narrow, int& mb, int& nb) {
+    const int wide_n = tiles_n - narrow, wide = tiles_m * wide_n;
+    if (t >= wide) {
+        mb = t - wide;
+        nb = tiles_n - 1;
+        return;
+    }
+    const int per_group = group_m * wide_n, g = t / per_group, first = g * group_m;
     const int rows = min(tiles_m - first, group_m), r = t - g * per_group;
     mb = first + r % rows;
     nb = r / rows;
@@ -237,7 +246,8 @@ __device__ __forceinline__ void stage_finish(float* acc, float* d, float s0, flo
 // of 128 x BN / CLUSTER rows. a_scale [M, KB] (row stride as_st), b_scale [ceil(N / 128), KB] (row
 // stride bs_st), fp32. c [M, N] with row stride ldc (elements); vec2: ldc even and c 4-byte
 // (8 for fp32) aligned, so column pairs go out as one store; tma_c: store through cmap (c as
-// a 2-D tensor, boxes of 64 x 64, 128-byte swizzle; 16-bit c only) instead.
+// a 2-D tensor, boxes of 64 x 64, 128-byte swizzle; 16-bit c only) instead. narrow: 1 when
+// the last tile column holds at most BN / 2 columns (it is walked last, see tile_coords).
 extern "C" __global__ void __launch_bounds__(384, 1)
 #if CLUSTER == 2
 __cluster_dims__(2, 1, 1)
@@ -246,7 +256,8 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                     const __grid_constant__ TensorMap cmap,
                     const float* __restrict__ a_scale, const float* __restrict__ b_scale,
                     void* __restrict__ c, int M, int N, int KB, long ldc, long as_st,
-                    long bs_st, int tiles_m, int tiles_n, int group_m, int vec2, int tma_c) {
+                    long bs_st, int tiles_m, int tiles_n, int group_m, int narrow, int vec2,
+                    int tma_c) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
@@ -292,7 +303,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             int it = 0;  // K blocks issued by this CTA so far (ring slot and phase)
             for (int item = first; item < num_items; item += step) {
                 int mb, nb;
-                tile_coords(item, items_m, tiles_n, group_m, mb, nb);
+                tile_coords(item, items_m, tiles_n, group_m, narrow, mb, nb);
                 const int m0 = (mb * CLUSTER + (int)rank) * BM, n0 = nb * BN;
                 for (int kb = 0; kb < KBP; ++kb, ++it) {
                     const int s = it % STAGES;
@@ -343,7 +354,7 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
     int it = 0;  // K blocks consumed so far (ring slot and phase), as the producer counts
     for (int item = first; item < num_items; item += step) {
         int mb, nb;
-        tile_coords(item, items_m, tiles_n, group_m, mb, nb);
+        tile_coords(item, items_m, tiles_n, group_m, narrow, mb, nb);
         const int m0 = (mb * CLUSTER + (int)rank) * BM, n0 = nb * BN;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -371,12 +382,17 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             const u32 st = ring + s * STAGE_BYTES;
 #pragma unroll
             for (int h = 0; h < NH; ++h) {
+                // a half wholly past N (the narrow last tile column) skips its MMAs: uniform,
+                // and no MMA is in flight across the branch
+                const bool live = h == 0 || n0 + 128 * h < N;
                 const float bs = sc[BM + h];
-                issue_block(t, st + w * 64 * 128, st + A_TILE + h * 128 * 128);
-                wgmma_wait<0>();
-                fence_regs<64>(t);
+                if (live) {
+                    issue_block(t, st + w * 64 * 128, st + A_TILE + h * 128 * 128);
+                    wgmma_wait<0>();
+                    fence_regs<64>(t);
+                }
                 if (h == NH - 1) release_stage(bars + 8 * (STAGES + s), leader, peer);
-                promote(acc + 64 * h, t, a0 * bs, a1 * bs);
+                if (live) promote(acc + 64 * h, t, a0 * bs, a1 * bs);
             }
         }
 #endif
