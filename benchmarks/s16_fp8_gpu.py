@@ -24,8 +24,7 @@ from tskernels.ops.gemm import cuda_fp8_sm90 as cf, triton_mm as tm
 ROTATE_BYTES = 150 << 20
 CUDA_CONFIGS = {
     "shipped": {},  # cuda_fp8_sm90.CONFIG
-    "bn256_s3_cb2": dict(block_n=256, stages=3, pipe=False, cbuf=2),
-    "bn256_s4_cb1_g8": dict(block_n=256, stages=4, pipe=False, cbuf=1, group_m=8),
+    "bn256_s4_cb1_g16": dict(block_n=256, stages=4, pipe=False, cbuf=1, group_m=16),
 }
 
 

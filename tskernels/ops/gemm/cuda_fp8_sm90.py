@@ -39,9 +39,10 @@ SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
 # together (L2 reuse); cluster: 2 = CTA pairs sharing (multicasting) the weight tile; cbuf:
 # 64-column shared staging buffers per consumer for the TMA-store epilogue (0: direct stores
 # from registers); a lab run may add "extra": more -D options
-# The shipped config: [128 x 256] tiles, 4 stages, the TMA-store epilogue, 16 tile rows per
-# group (H200, M = 4096, DeepSeek-V3 shapes and 8192^3: benchmarks/RESULTS.md, "Session 16")
-CONFIG = {"block_n": 256, "stages": 4, "pipe": False, "group_m": 16, "cluster": 1, "cbuf": 1}
+# The shipped config: [128 x 256] tiles, 3 stages, the TMA-store epilogue with two staging
+# buffers per consumer, 8 tile rows per group: the best of the measured configs on the H200 at
+# M = 4096 (DeepSeek-V3 shapes) and 8192^3 over two runs (benchmarks/RESULTS.md, "Session 16")
+CONFIG = {"block_n": 256, "stages": 3, "pipe": False, "group_m": 8, "cluster": 1, "cbuf": 2}
 
 
 def smem_bytes(block_n: int, stages: int, cbuf: int = 0) -> int:
