@@ -20,8 +20,9 @@ stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s
   timeout -k 5 "$limit" "$@" > "$OUT/s16_$name.log" 2>&1
   echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s16_$name.log" | cut -c1-300 | tail -${TAIL:-14}
 }
-stage fp8tests "${FP8_S:-0}" python -m pytest -q -m gpu -p no:cacheprovider --timeout 60 -rfE \
-    tests/kernels/test_gemm_cuda_fp8.py
+stage fp8tests "${FP8_S:-0}" python benchmarks/gpu_tier.py --out "$OUT/s16_fp8_tier.json" \
+    --pytest-arg=-n --pytest-arg=4 --pytest-arg=-p --pytest-arg=no:cacheprovider \
+    --kernel gemm.fp8_block_mm.cuda_sm90=tests/kernels/test_gemm_cuda_fp8.py
 stage fp8 "${FP8_S:-0}" python benchmarks/s16_fp8_gpu.py "$OUT" $(( ${FP8_S:-0} - 30 )) ${FP8_M:-4096}
 K=tests/kernels
 stage tier "${TIER_S:-0}" env HYPOTHESIS_PROFILE=ci python benchmarks/gpu_tier.py \
