@@ -10,6 +10,8 @@
 #             (hypothesis profile ci, -n 8) -> $OUT/s16_gpu_tier.json
 #   AB_S:     dummy Llama-3-8B B=1 decode, old launches (no chain / prefetch / one-launch RoPE)
 #             vs the new defaults, one engine process each (benchmarks/serve_ab.py)
+#   AGENTIC_S: benchmarks/agentic_engine_bench.py (later-turn TTFT x 5, B=1 ITL at ~53k, host
+#             gap with lookahead) on the dummy Llama-3-8B 64k config
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
@@ -45,6 +47,9 @@ done
 stage decode "${DEC_S:-0}" python benchmarks/s16_decode_gpu.py "$OUT" $(( ${DEC_S:-0} - 10 ))
 stage greedy "${GREEDY_S:-0}" python benchmarks/s16_greedy_gpu.py "$OUT" $(( ${GREEDY_S:-0} - 10 ))
 stage ttft "${TTFT_S:-0}" python benchmarks/s16_ttft_gpu.py "$OUT" $(( ${TTFT_S:-0} - 10 ))
+stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
+    --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \
+    --gap-steps 30 --json "$OUT/s16_agentic_engine.json"
 stage tests${TAG:-} "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
     -p no:cacheprovider ${PYTEST_N:--n 4} --timeout 200 ${TESTS:-tests/kernels}
 stamp done

@@ -22,13 +22,13 @@ def _hopper() -> bool:
 
 
 needs_hopper = pytest.mark.skipif(not _hopper(), reason="sm_90a kernel: needs an H100 / H200")
-CONFIGS = [dict(), dict(block_n=128, stages=6, pipe=True), dict(block_n=128, stages=6, pipe=False),
-           dict(block_n=256, stages=4, pipe=False),
-           dict(block_n=256, stages=4, pipe=False, cluster=2),
-           dict(block_n=128, stages=6, pipe=False, cluster=2),
-           dict(block_n=256, stages=4, pipe=False, cbuf=1),
-           dict(block_n=128, stages=5, pipe=False, cbuf=2),
-           dict(block_n=256, stages=4, pipe=False, cluster=2, cbuf=1)]
+# every key given (missing ones would take cuda_fp8_sm90.CONFIG's, which may not fit with them)
+_C = dict(pipe=False, cluster=1, cbuf=0, group_m=8)
+CONFIGS = [dict(), dict(_C, block_n=128, stages=6, pipe=True), dict(_C, block_n=128, stages=6),
+           dict(_C, block_n=256, stages=4), dict(_C, block_n=256, stages=4, cluster=2),
+           dict(_C, block_n=128, stages=6, cluster=2), dict(_C, block_n=256, stages=4, cbuf=1),
+           dict(_C, block_n=128, stages=5, cbuf=2), dict(_C, block_n=256, stages=3, cbuf=2),
+           dict(_C, block_n=256, stages=4, cluster=2, cbuf=1)]
 
 
 def _problem(m, n, k, seed):
