@@ -31,10 +31,10 @@
 //    (the per-tile overhead at K = 2048); they remain for fp32 c and unaligned rows.
 // -DCLUSTER=2: CTA pairs (a cluster) take vertically adjacent tiles of one tile column, in
 // lockstep; each CTA's producer loads half of the shared B tile and multicasts it into both
-// CTAs, so a CTA reads A + B / 2 per stage from L2 instead of A + B (the single-CTA kernel is
-// bound by that L2 traffic on the H200: ~4.8 TB/s at every tile width, benchmarks/RESULTS.md).
-// A stage is then released by both CTAs' consumers (one elected thread per warpgroup arrives
-// on its own CTA's and on the peer's "empty" barrier), and the pair leaves together.
+// CTAs, so a CTA reads A + B / 2 per stage from L2 instead of A + B. A stage is then released
+// by both CTAs' consumers (one elected thread per warpgroup arrives on its own CTA's and on the
+// peer's "empty" barrier), and the pair leaves together. Measured slower than single CTAs on
+// the H200 (L2 traffic was not the limit; benchmarks/RESULTS.md, "Session 16"): kept for sweeps.
 // Options (-D): BN (128 / 256), STAGES, PIPE, CLUSTER (1 / 2), OUT_F16 / OUT_F32. Shared
 // helpers (mbarriers, TMA, descriptors, fences): hopper_common.cuh.
 
