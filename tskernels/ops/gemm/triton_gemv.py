@@ -198,6 +198,9 @@ EARLY_STREAM = False
 # (the launch above). 2: the fastest of 2 / 4 / 8 on the H200 (one Llama-3-8B decode layer at
 # B=1 with the chain: 123.7 / 126.2 / 133.1 us vs 129.4 before; benchmarks/RESULTS.md).
 PREFETCH_TILES = 2
+# the same for fp8 weights (fp8_block_mm's streaming path, M <= 64): 0 keeps them plain
+# launches (plain PDL, waiting before the first load, was 2-21 % slower there)
+FP8_PREFETCH_TILES = 0
 # 16-bit weights of one (N, K): (config, programs per SM) in place of the tuned / table config
 # and TARGET_PROGRAMS_PER_SM, where the per-shape sweep on the H200 measured a faster choice
 # (benchmarks/gemm_decode_ab.py, M = 1): half the K splits on Llama-3-8B's o (13.6 -> 11.2 us)
@@ -283,11 +286,12 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     a_s = x_scale if fp8 else dummy
     b_s = w_scale if fp8 else dummy
     grid = (triton.cdiv(n, cfg["BN"]), split)
-    pdl = not fp8 and _pdl(x.device)
+    prefetch = FP8_PREFETCH_TILES if fp8 else PREFETCH_TILES
+    pdl = (not fp8 or prefetch > 0) and _pdl(x.device)
     kernel, extra = _stream_kernel, {}
     # the interpreter runs the early-stream wrapper without PDL (its argument plumbing)
-    if PREFETCH_TILES > 0 and not fp8 and (pdl or x.device.type == "cpu"):
-        tiles = min(PREFETCH_TILES, triton.cdiv(k_split, cfg["BK"]))
+    if prefetch > 0 and (pdl or x.device.type == "cpu"):
+        tiles = min(prefetch, triton.cdiv(k_split, cfg["BK"]))
         kernel, extra = _stream_early_kernel, {"PREFETCH": triton.next_power_of_2(tiles)}
     kernel[grid](
         w, x, out, r, ws, cnt, a_s, b_s, m, n, k, w.stride(0), x.stride(0), out.stride(0),
