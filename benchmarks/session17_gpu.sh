@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Lab script: session 17's H200 calls (carry .gpuwhl; run from a git archive of the committed
+# tree). Stages by their time limits in seconds (0 or unset skips); each stage's log goes to
+# $OUT/s17_<stage>.log:
+#   FP8S_S:   benchmarks/s17_fp8_small_gpu.py (block-fp8 at M = 1 / 16 / 64: L2-prefetching
+#             PDL launches, programs per SM, the CUDA kernel at M = 64, cuBLAS)
+#   ROPE_S:   benchmarks/s17_rope_store_gpu.py (fused q/k-norm + RoPE + KV store vs the
+#             separate launches)
+#   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs (hypothesis
+#             profile ci, -n 8) -> $OUT/s17_gpu_tier.json
+#   AB_S:     B=1 decode, dummy Llama-3-8B and the Qwen3-30B-A3B-shaped dummy, with and without
+#             AB_SET (serve_ab --set switches), one engine process each
+#   AGENTIC_S: benchmarks/agentic_engine_bench.py (later-turn TTFT x 5, B=1 ITL at ~53k, host
+#             gap with lookahead) on the dummy Llama-3-8B 64k config
+#   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
+set -uo pipefail
+source "$(dirname "$0")/gpu_setup.sh"
+stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s17_NAME.log
+  local name=$1 limit=$2; shift 2
+  [ "${limit:-0}" -gt 0 ] || return 0
+  stamp "$name (limit $limit s)"
+  timeout -k 5 "$limit" "$@" > "$OUT/s17_$name.log" 2>&1
+  echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s17_$name.log" | cut -c1-300 | tail -${TAIL:-14}
+}
+stage fp8small "${FP8S_S:-0}" python benchmarks/s17_fp8_small_gpu.py "$OUT" $(( ${FP8S_S:-0} - 10 ))
+stage rope "${ROPE_S:-0}" python benchmarks/s17_rope_store_gpu.py "$OUT" $(( ${ROPE_S:-0} - 10 ))
+if [ "${TIER_S:-0}" -gt 0 ]; then
+  args=(); for kv in ${TIER_KERNELS:-}; do args+=(--kernel "$kv"); done
+  stage tier "$TIER_S" env HYPOTHESIS_PROFILE=ci python benchmarks/gpu_tier.py \
+      --out "$OUT/s17_gpu_tier.json" --timeout $(( TIER_S - 15 )) \
+      --pytest-arg=-n --pytest-arg=8 --pytest-arg=-p --pytest-arg=no:cacheprovider "${args[@]}"
+fi
+for model in llama:dummy:llama-3-8b qwen3:dummy:benchmarks/configs/qwen3-30b-a3b.json; do
+  tag=${model%%:*}; m=${model#*:}
+  for v in old new; do
+    sets=""; [ "$v" = old ] && sets="${AB_SET:-}"
+    stage ab_${tag}_$v "${AB_S:-0}" python benchmarks/serve_ab.py $sets -- --model "$m" \
+        --batch 1 --new-tokens 48 --no-hf --json "$OUT/s17_ab_${tag}_$v.json"
+  done
+done
+stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
+    --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \
+    --gap-steps 30 --json "$OUT/s17_agentic_engine.json"
+stage tests${TAG:-} "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
+    -p no:cacheprovider ${PYTEST_N:--n 4} --timeout 200 ${TESTS:-tests/kernels}
+stamp done
+# the device returns at most 8 files: everything goes back as one archive (+ the summary JSONs)
+( cd "$OUT" && tar czf "s17_${PACK:-call}.tgz" --exclude='*.tgz' . )
