@@ -15,6 +15,11 @@ from tskernels.numerics import assert_close
 from tskernels.ops.shared import extend_split as sp
 
 
+def _rows(work):
+    """A plan's work items (an int32 array, one item per row) as tuples."""
+    return [tuple(w) for w in work.tolist()]
+
+
 def test_tile_ranges_values():
     assert sp.tile_ranges(10, 10, 3) == [(0, 3), (3, 6), (6, 10)]
     assert sp.tile_ranges(403, 401, 4) == [(0, 100), (100, 201), (201, 302), (302, 403)]
@@ -128,15 +133,16 @@ def test_plan_work_items_and_option_checks():
     split counts): unsplit / split / GQA-packed work lists, and the options' clear errors."""
     from tskernels.ops.attention.cuda_extend import _work_items, work_list
     counts, pre = [300, 20], [0, 5000]
-    assert _work_items(True, 1, False, counts, pre, 8, 4, 128, "cpu") == \
-        (1, False, work_list(counts, prefixes=pre))
+    s, pack, work = _work_items(True, 1, False, counts, pre, 8, 4, 128, "cpu")
+    assert (s, pack, _rows(work)) == (1, False, work_list(counts, prefixes=pre))
     s, pack, work = _work_items(True, 3, False, counts, pre, 8, 4, 128, "cpu")
-    assert (s, pack) == (3, False) and work == sp.split_work(counts, pre, 3)
+    assert (s, pack) == (3, False) and _rows(work) == sp.split_work(counts, pre, 3)
     s, pack, work = _work_items(True, 1, True, counts, pre, 8, 4, 128, "cpu")
     assert (s, pack) == (1, True)   # 1200 packed rows (10 blocks) + 80 (1 block)
+    work = _rows(work)
     assert sorted(work) == [(0, i) for i in range(10)] + [(1, 0)] and work[0] == (1, 0)
     s, pack, work = _work_items(True, 2, True, counts, pre, 8, 4, 128, "cpu")
-    assert work == sp.split_work(counts, pre, 2, group=4)
+    assert _rows(work) == sp.split_work(counts, pre, 2, group=4)
     with pytest.raises(ValueError, match="gqa_pack must be a bool"):
         _work_items(True, 1, 1, counts, pre, 8, 4, 128, "cpu")
     for bad in (dict(splits=2, gqa_pack=False), dict(splits=1, gqa_pack=True),
@@ -162,12 +168,14 @@ def test_defaults_reach_paged_plans_only(monkeypatch):
     assert ce.resolve_defaults(True, 3, False) == (3, False)
     assert ce.resolve_defaults(False, 2, "default") == (2, False)
     counts, pre = [300, 20], [0, 0]
-    assert ce._work_items(False, *ce.resolve_defaults(False, "default", "default"), counts,
-                          pre, 32, 4, 128, "cpu") == (1, False, ce.work_list(counts))
+    s, pack, work = ce._work_items(False, *ce.resolve_defaults(False, "default", "default"),
+                                   counts, pre, 32, 4, 128, "cpu")
+    assert (s, pack, _rows(work)) == (1, False, ce.work_list(counts))
     with pytest.raises(ValueError, match="need the paged plan"):
         ce._work_items(False, *ce.resolve_defaults(False, "default", True), counts, pre, 32,
                        4, 128, "cpu")
     monkeypatch.setattr(ce, "DEFAULT_SPLITS", 2)  # a forced default: no device query
     s, pack, work = ce._work_items(True, *ce.resolve_defaults(True, "default", "default"),
                                    counts, [0, 5000], 32, 4, 128, "cpu")
-    assert (s, pack) == (2, True) and work == sp.split_work(counts, [0, 5000], 2, group=4)
+    assert (s, pack) == (2, True) and _rows(work) == sp.split_work(counts, [0, 5000], 2,
+                                                                   group=4)

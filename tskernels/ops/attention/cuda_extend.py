@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ...plan import PlanBase
@@ -94,13 +95,23 @@ def _launch(fn, grid: int, smem: int, device: torch.device, args) -> None:
     cuda_driver.launch(fn, grid, THREADS, smem, device, args)
 
 
+def work_table(counts, block_m: int = BLOCK_M, prefixes=None) -> np.ndarray:
+    """int32 [blocks, 2]: (request, query block) pairs, the blocks that see the most keys first
+    (the last blocks of long requests; with cached prefixes, `prefixes[b]` keys more); ties in
+    request, block order."""
+    n = np.asarray(counts, dtype=np.int64).reshape(-1)
+    pre = np.zeros_like(n) if prefixes is None else np.asarray(prefixes, dtype=np.int64)
+    per = -(-n // block_m)
+    b = np.repeat(np.arange(len(n)), per)
+    i = np.arange(len(b)) - np.repeat(np.cumsum(per) - per, per)
+    keys = pre[b] + np.minimum((i + 1) * block_m, n[b])
+    order = np.argsort(-keys, kind="stable")
+    return np.stack((b[order], i[order]), axis=1).astype(np.int32)
+
+
 def work_list(counts, block_m: int = BLOCK_M, prefixes=None) -> list[tuple[int, int]]:
-    """(request, query block) pairs, the blocks that see the most keys first (the last blocks
-    of long requests; with cached prefixes, `prefixes[b]` keys more)."""
-    pre = prefixes or [0] * len(counts)
-    work = [(b, i) for b, n in enumerate(counts) for i in range(-(-n // block_m))]
-    work.sort(key=lambda bi: -(pre[bi[0]] + min((bi[1] + 1) * block_m, counts[bi[0]])))
-    return work
+    """work_table's pairs as tuples."""
+    return [tuple(w) for w in work_table(counts, block_m, prefixes).tolist()]
 
 
 class CudaExtendPlan(PlanBase):
@@ -139,25 +150,26 @@ class CudaExtendPlan(PlanBase):
         dev = qo_indptr.device
         if dev.type != "cuda":
             raise ValueError("CUDA extend: tensors must be on a CUDA device")
-        ptr, lens = qo_indptr.tolist(), seq_lens.tolist()  # the plan's one host read
-        counts = [b - a for a, b in zip(ptr, ptr[1:])]
+        ptr = np.asarray(qo_indptr.tolist(), dtype=np.int64)  # the plan's host reads
+        lens = np.asarray(seq_lens.tolist(), dtype=np.int64)
+        counts = np.diff(ptr)
         self.paged = paged
         if paged:
             if page_size & (page_size - 1) or not 8 <= page_size <= 256:
                 raise ValueError(f"CUDA paged extend: page size a power of two in 8..256, got "
                                  f"{page_size}")
-            if any(L < n for n, L in zip(counts, lens)):
+            if (lens < counts).any():
                 raise ValueError("CUDA paged extend: seq_lens below the new tokens' count")
             self.page_size = page_size
-        elif any(n != L for n, L in zip(counts, lens)):
+        elif (counts != lens).any():
             raise ValueError("CUDA extend: every request's tokens must all be new (no cached "
                              "prefix: seq_lens == new tokens); use the Triton backend")
         self.qo_indptr, self.page_table, self.seq_lens, self.device = (qo_indptr, page_table,
                                                                        seq_lens, dev)
         self.hq, self.hkv, self.group = num_q_heads, num_kv_heads, num_q_heads // num_kv_heads
         self.q_dtype, self.scale = q_dtype, scale
-        self.num_rows = ptr[-1] if ptr else 0
-        prefixes = [L - n for n, L in zip(counts, lens)]
+        self.num_rows = int(ptr[-1]) if len(ptr) else 0
+        prefixes = lens - counts
         self.splits, self.gqa_pack, work = _work_items(
             paged, *resolve_defaults(paged, splits, gqa_pack), counts, prefixes, num_q_heads,
             self.group, block_n, dev)
@@ -169,9 +181,10 @@ class CudaExtendPlan(PlanBase):
             extra = (*extra, "-DPACK")
         self.num_blocks = len(work)  # work items (blocks x their splits when split)
         self.ctas_per_item = num_kv_heads if self.gqa_pack else num_q_heads
-        width = 5 if self.splits > 1 else 2
-        self.work = torch.tensor(work or [(0,) * width], dtype=torch.int32,
-                                 device=dev).reshape(-1)
+        if not len(work):
+            work = np.zeros((1, work.shape[1]), dtype=np.int32)
+        # non_blocking: a blocking upload would wait for the stream's queued work (a sync)
+        self.work = torch.from_numpy(work.reshape(-1)).to(dev, non_blocking=True)
         self.block_n = block_n
         self._fn = _function(dev, q_dtype == torch.float16, stages, block_n, tuple(extra), paged)
         self._smem = smem_bytes(stages, block_n)  # (compiled now, not inside a graph capture)
@@ -237,25 +250,26 @@ def resolve_defaults(paged: bool, splits, gqa_pack):
 
 
 def _work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, device):
-    """(split count, GQA packing, work items) of a plan: (request, query block) pairs when
-    unsplit, (request, query block, t0, t1, split index) when split (extend_split.py)."""
+    """(split count, GQA packing, work items) of a plan; the work items an int32 array of
+    (request, query block) rows when unsplit, (request, query block, t0, t1, split index) rows
+    when split (extend_split.py)."""
     if not isinstance(gqa_pack, bool):
         raise ValueError(f"CUDA extend: gqa_pack must be a bool, got {gqa_pack!r}")
     if not paged:  # the contiguous kernel has neither a split nor a packed build
         if splits is not None and (isinstance(splits, bool) or splits != 1) or gqa_pack:
             raise ValueError(f"CUDA extend: splits > 1 and gqa_pack need the paged plan, got "
                              f"splits={splits!r}, gqa_pack={gqa_pack}")
-        return 1, False, work_list(counts, prefixes=prefixes)
+        return 1, False, work_table(counts, prefixes=prefixes)
     g = group if gqa_pack else 1
     sms = platform_of(device).num_sms if splits is None else 0
     splits = split_kv.resolve_splits(splits, counts, prefixes, hq, sms, BLOCK_M, block_n, g)
     if splits > 1:
-        return splits, gqa_pack, split_kv.split_work(counts, prefixes, splits, BLOCK_M,
-                                                     block_n, g)
+        return splits, gqa_pack, split_kv.split_table(counts, prefixes, splits, BLOCK_M,
+                                                      block_n, g)
     if gqa_pack:
-        return 1, True, [w[:2] for w in split_kv.split_work(counts, prefixes, 1, BLOCK_M,
-                                                            block_n, g)]
-    return 1, False, work_list(counts, prefixes=prefixes)
+        return 1, True, np.ascontiguousarray(
+            split_kv.split_table(counts, prefixes, 1, BLOCK_M, block_n, g)[:, :2])
+    return 1, False, work_table(counts, prefixes=prefixes)
 
 
 def check_cache_args(plan, q, k_cache, v_cache) -> None:

@@ -16,6 +16,7 @@ the plan's count) hold o = 0, lse = -inf, which the merge weighs by exp(-inf) = 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .split_kv import merge_kernel, merge_warps
@@ -32,6 +33,21 @@ AUTO_GAIN = 0.92           # split only when the model predicts at least 8 % les
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 
 
+def block_table(counts, prefixes, block_m: int, block_n: int, group: int = 1) -> np.ndarray:
+    """int64 [blocks, 4]: (request, query block, key tiles, first-row tiles) of every query block,
+    request by request (see blocks_of)."""
+    n = np.asarray(counts, dtype=np.int64).reshape(-1)
+    pre = np.asarray(prefixes, dtype=np.int64).reshape(-1)
+    rows = n * group
+    per = -(-rows // block_m)
+    b = np.repeat(np.arange(len(n)), per)
+    i = np.arange(len(b)) - np.repeat(np.cumsum(per) - per, per)
+    m0 = i * block_m
+    last = np.minimum(m0 + block_m, rows[b]) - 1
+    return np.stack((b, i, (pre[b] + last // group) // block_n + 1,
+                     (pre[b] + m0 // group) // block_n + 1), axis=1)
+
+
 def blocks_of(counts, prefixes, block_m: int, block_n: int,
               group: int = 1) -> list[tuple[int, int, int, int]]:
     """(request, query block, key tiles, first-row tiles) of every query block: the block sees
@@ -40,15 +56,7 @@ def blocks_of(counts, prefixes, block_m: int, block_n: int,
     at or below it, so that each row of each split sees a key). group > 1: GQA packing, a
     request's rows are its counts[b] * group (token, head-in-group) pairs, row r at token
     r // group."""
-    out = []
-    for b, (n, pre) in enumerate(zip(counts, prefixes)):
-        rows = n * group
-        for i in range(-(-rows // block_m)):
-            m0 = i * block_m
-            last = min(m0 + block_m, rows) - 1
-            out.append((b, i, (pre + last // group) // block_n + 1,
-                        (pre + m0 // group) // block_n + 1))
-    return out
+    return [tuple(r) for r in block_table(counts, prefixes, block_m, block_n, group).tolist()]
 
 
 def tile_ranges(n_tiles: int, first_row_tiles: int, splits: int) -> list[tuple[int, int]]:
@@ -63,15 +71,41 @@ def tile_ranges(n_tiles: int, first_row_tiles: int, splits: int) -> list[tuple[i
     return list(zip(starts, starts[1:] + [n_tiles]))
 
 
+def _ranges(nt: np.ndarray, fr: np.ndarray, splits: np.ndarray):
+    """tile_ranges of many blocks at once: nt, fr [..., blocks], splits broadcastable to them.
+    Returns (t0, t1, valid) [..., blocks, max splits]; part k of a block is valid for
+    k < min(splits, fr)."""
+    if nt.size and (fr.min() < 1 or (fr > nt).any()):
+        raise ValueError("tile_ranges: need 1 <= first_row_tiles <= n_tiles (a negative "
+                         "prefix?)")
+    s = np.minimum(splits, fr)[..., None]
+    k = np.arange(int(np.max(splits, initial=1)))
+    t0 = np.minimum(k * nt[..., None] // s, fr[..., None] - s + k)
+    t1 = np.empty_like(t0)
+    t1[..., :-1] = t0[..., 1:]
+    t1 = np.where(k + 1 < s, t1, nt[..., None])
+    return t0, t1, k < s
+
+
+def split_table(counts, prefixes, splits: int, block_m: int = 128, block_n: int = 128,
+                group: int = 1) -> np.ndarray:
+    """split_work as an int32 [items, 5] array."""
+    if splits < 1:
+        raise ValueError(f"tile_ranges: splits >= 1 ({splits})")
+    blocks = block_table(counts, prefixes, block_m, block_n, group)
+    t0, t1, valid = _ranges(blocks[:, 2], blocks[:, 3], splits)
+    b, k = np.nonzero(valid)
+    work = np.stack((blocks[b, 0], blocks[b, 1], t0[b, k], t1[b, k], k), axis=1)
+    work = work[np.argsort(work[:, 2] - work[:, 3], kind="stable")]
+    return work.astype(np.int32)
+
+
 def split_work(counts, prefixes, splits: int, block_m: int = 128, block_n: int = 128,
                group: int = 1) -> list[tuple[int, int, int, int, int]]:
     """(request, query block, t0, t1, split index) work items, the longest first (the hardware
     starts CTAs in grid order: longest-first packs the SMs best); group: see blocks_of."""
-    work = [(b, i, t0, t1, k)
-            for b, i, nt, fr in blocks_of(counts, prefixes, block_m, block_n, group)
-            for k, (t0, t1) in enumerate(tile_ranges(nt, fr, splits))]
-    work.sort(key=lambda w: -(w[3] - w[2]))
-    return work
+    return [tuple(w) for w in split_table(counts, prefixes, splits, block_m, block_n,
+                                          group).tolist()]
 
 
 def workspace_bytes(num_tokens: int, hq: int, splits: int, head_dim: int = 128) -> int:
@@ -79,27 +113,42 @@ def workspace_bytes(num_tokens: int, hq: int, splits: int, head_dim: int = 128) 
     return num_tokens * hq * splits * (head_dim + 1) * 4
 
 
+def _wave_tiles(blocks: np.ndarray, heads: int, splits, num_sms: int) -> list[float]:
+    """Per split count: the sum, over waves, of each wave's first (longest) item in tiles (item
+    overhead included); an item's `heads` CTAs start in longest-first order, one per SM."""
+    splits = np.asarray(splits, dtype=np.int64).reshape(-1, 1)
+    nt, fr = blocks[:, 2], blocks[:, 3]
+    t0, t1, valid = _ranges(np.broadcast_to(nt, (len(splits), len(nt))),
+                            np.broadcast_to(fr, (len(splits), len(fr))), splits)
+    lengths = np.where(valid, t1 - t0, -1).reshape(len(splits), -1)
+    lengths = -np.sort(-lengths, axis=1)               # longest first, unused parts last
+    items = valid.reshape(len(splits), -1).sum(axis=1) * heads
+    firsts = np.arange(0, int(items.max(initial=0)), max(num_sms, 1))  # each wave's first CTA
+    firsts = firsts[firsts < items.max(initial=0)]
+    lead = lengths[:, firsts // heads] if len(firsts) else np.zeros((len(splits), 0), np.int64)
+    waves = firsts[None, :] < items[:, None]
+    # every length is a whole number of tiles + ITEM_OVERHEAD_TILES: exact in float64, so the
+    # sum equals the item-by-item sum in any order
+    return [float(w) + ITEM_OVERHEAD_TILES * int(c)
+            for w, c in zip(np.where(waves, lead, 0).sum(axis=1).tolist(),
+                            waves.sum(axis=1).tolist())]
+
+
 def estimated_us(blocks, heads: int, splits: int, num_sms: int, num_tokens: int,
                  hq: int | None = None) -> float:
     """A model of the launch time (us): `heads` CTAs per block and split (query heads, or KV
     heads when GQA-packed) start in longest-first order one per SM, each wave lasting as long
     as its first (longest) item, plus the merge's stream of the partials (num_tokens x hq rows,
-    hq default heads) when split."""
-    lengths: dict[float, int] = {}
-    for _, _, nt, fr in blocks:
-        for t0, t1 in tile_ranges(nt, fr, splits):
-            key = t1 - t0 + ITEM_OVERHEAD_TILES
-            lengths[key] = lengths.get(key, 0) + heads
-    total, pos, nxt = 0.0, 0, 0  # items placed; the next wave starts at item `nxt`
-    for length in sorted(lengths, reverse=True):
-        cnt = lengths[length]
-        while nxt < pos + cnt:  # a wave starts within this run of equal items
-            total += length
-            nxt += num_sms
-        pos += cnt
-    us = total * TILE_US
+    hq default heads) when split. blocks: blocks_of's tuples or block_table's array."""
+    blocks = np.asarray(blocks, dtype=np.int64).reshape(-1, 4)
+    return _us(_wave_tiles(blocks, heads, [splits], num_sms)[0], splits, num_tokens,
+               hq or heads)
+
+
+def _us(wave_tiles: float, splits: int, num_tokens: int, hq: int) -> float:
+    us = wave_tiles * TILE_US
     if splits > 1:
-        rows = workspace_bytes(num_tokens, hq or heads, splits)
+        rows = workspace_bytes(num_tokens, hq, splits)
         us += MERGE_LAUNCH_US + rows * 1.25 / MERGE_BW * 1e6
     return us
 
@@ -109,18 +158,25 @@ def choose_splits(counts, prefixes, hq: int, num_sms: int, block_m: int = 128,
     """The plan's split count when none is forced: 1 for grids of AUTO_MAX_WAVES waves or more
     (a 4k prefill is 1024 CTAs: splitting would only add the merge), else the candidate with
     the least modelled time when it beats one split by 1 - AUTO_GAIN, within the workspace cap
-    and the merge grid's token limit. group > 1: GQA-packed blocks (hq // group CTAs each)."""
-    blocks = blocks_of(counts, prefixes, block_m, block_n, group)
-    T, heads = sum(counts), hq // group
-    if not blocks or heads * len(blocks) >= AUTO_MAX_WAVES * num_sms or T > MAX_MERGE_TOKENS:
+    and the merge grid's token limit. group > 1: GQA-packed blocks (hq // group CTAs each).
+    Every candidate is modelled in one numpy pass (the later turn's 25 blocks x 11 candidates
+    took ~1.4 ms as a Python loop on the development machine)."""
+    blocks = block_table(counts, prefixes, block_m, block_n, group)
+    T, heads = int(np.sum(counts)), hq // group
+    if not len(blocks) or heads * len(blocks) >= AUTO_MAX_WAVES * num_sms or \
+            T > MAX_MERGE_TOKENS:
         return 1
-    most = max(fr for *_, fr in blocks)
-    base = estimated_us(blocks, heads, 1, num_sms, T, hq)
-    best, best_us = 1, base
+    most = int(blocks[:, 3].max())
+    cands = [1]
     for s in CANDIDATES[1:]:
         if s > most or workspace_bytes(T, hq, s) > WORKSPACE_CAP:
             break
-        us = estimated_us(blocks, heads, s, num_sms, T, hq)
+        cands.append(s)
+    tiles = _wave_tiles(blocks, heads, cands, num_sms)
+    base = _us(tiles[0], 1, T, hq)
+    best, best_us = 1, base
+    for s, w in zip(cands[1:], tiles[1:]):
+        us = _us(w, s, T, hq)
         if us < best_us:
             best, best_us = s, us
     return best if best_us < AUTO_GAIN * base else 1
@@ -135,9 +191,9 @@ def resolve_splits(splits, counts, prefixes, hq: int, num_sms: int, block_m: int
             not 1 <= splits <= MAX_SPLITS:
         raise ValueError(f"CUDA paged extend: splits must be None (choose) or an int in "
                          f"1..{MAX_SPLITS}, got {splits!r}")
-    if splits > 1 and sum(counts) > MAX_MERGE_TOKENS:
+    if splits > 1 and int(np.sum(counts)) > MAX_MERGE_TOKENS:
         raise ValueError(f"CUDA paged extend: splits > 1 takes at most {MAX_MERGE_TOKENS} new "
-                         f"tokens per plan, got {sum(counts)}")
+                         f"tokens per plan, got {int(np.sum(counts))}")
     return splits
 
 

@@ -1,0 +1,165 @@
+"""The extend plan's host side (issue 20): the CUDA paged plan's numpy split choice and work
+items equal the Python loops they replaced (kept below as the reference) on drawn batches.
+The CUDA plan on the device: tests/kernels/test_attention_cuda_paged_extend.py (GPU tier)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tskernels.ops.attention import cuda_extend as ce
+from tskernels.ops.shared import extend_split as sp
+
+
+# ---- the loops the numpy construction replaced (the reference) ------------------------------
+
+def old_blocks_of(counts, prefixes, block_m, block_n, group=1):
+    out = []
+    for b, (n, pre) in enumerate(zip(counts, prefixes)):
+        rows = n * group
+        for i in range(-(-rows // block_m)):
+            m0 = i * block_m
+            last = min(m0 + block_m, rows) - 1
+            out.append((b, i, (pre + last // group) // block_n + 1,
+                        (pre + m0 // group) // block_n + 1))
+    return out
+
+
+def old_tile_ranges(n_tiles, first_row_tiles, splits):
+    s = min(splits, first_row_tiles)
+    starts = [min(k * n_tiles // s, first_row_tiles - s + k) for k in range(s)]
+    return list(zip(starts, starts[1:] + [n_tiles]))
+
+
+def old_split_work(counts, prefixes, splits, block_m=128, block_n=128, group=1):
+    work = [(b, i, t0, t1, k)
+            for b, i, nt, fr in old_blocks_of(counts, prefixes, block_m, block_n, group)
+            for k, (t0, t1) in enumerate(old_tile_ranges(nt, fr, splits))]
+    work.sort(key=lambda w: -(w[3] - w[2]))
+    return work
+
+
+def old_estimated_us(blocks, heads, splits, num_sms, num_tokens, hq=None):
+    lengths: dict[float, int] = {}
+    for _, _, nt, fr in blocks:
+        for t0, t1 in old_tile_ranges(nt, fr, splits):
+            key = t1 - t0 + sp.ITEM_OVERHEAD_TILES
+            lengths[key] = lengths.get(key, 0) + heads
+    total, pos, nxt = 0.0, 0, 0
+    for length in sorted(lengths, reverse=True):
+        cnt = lengths[length]
+        while nxt < pos + cnt:
+            total += length
+            nxt += num_sms
+        pos += cnt
+    us = total * sp.TILE_US
+    if splits > 1:
+        rows = sp.workspace_bytes(num_tokens, hq or heads, splits)
+        us += sp.MERGE_LAUNCH_US + rows * 1.25 / sp.MERGE_BW * 1e6
+    return us
+
+
+def old_choose_splits(counts, prefixes, hq, num_sms, block_m=128, block_n=128, group=1):
+    blocks = old_blocks_of(counts, prefixes, block_m, block_n, group)
+    T, heads = sum(counts), hq // group
+    if not blocks or heads * len(blocks) >= sp.AUTO_MAX_WAVES * num_sms or \
+            T > sp.MAX_MERGE_TOKENS:
+        return 1
+    most = max(fr for *_, fr in blocks)
+    base = old_estimated_us(blocks, heads, 1, num_sms, T, hq)
+    best, best_us = 1, base
+    for s in sp.CANDIDATES[1:]:
+        if s > most or sp.workspace_bytes(T, hq, s) > sp.WORKSPACE_CAP:
+            break
+        us = old_estimated_us(blocks, heads, s, num_sms, T, hq)
+        if us < best_us:
+            best, best_us = s, us
+    return best if best_us < sp.AUTO_GAIN * base else 1
+
+
+def old_work_list(counts, block_m=128, prefixes=None):
+    pre = prefixes or [0] * len(counts)
+    work = [(b, i) for b, n in enumerate(counts) for i in range(-(-n // block_m))]
+    work.sort(key=lambda bi: -(pre[bi[0]] + min((bi[1] + 1) * block_m, counts[bi[0]])))
+    return work
+
+
+def old_work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, num_sms):
+    if not paged:
+        return 1, False, old_work_list(counts, prefixes=prefixes)
+    g = group if gqa_pack else 1
+    if splits is None:
+        splits = old_choose_splits(counts, prefixes, hq, num_sms, 128, block_n, g)
+    if splits > 1:
+        return splits, gqa_pack, old_split_work(counts, prefixes, splits, 128, block_n, g)
+    if gqa_pack:
+        return 1, True, [w[:2] for w in old_split_work(counts, prefixes, 1, 128, block_n, g)]
+    return 1, False, old_work_list(counts, prefixes=prefixes)
+
+
+# ---- the numpy construction against it ------------------------------------------------------
+
+class _Platform:
+    def __init__(self, num_sms):
+        self.num_sms = num_sms
+
+
+# counts up to a 2,048-token step (and the later turn's 800), prefixes up to 64k
+batches = st.lists(st.tuples(st.integers(0, 2100), st.integers(0, 66000)), min_size=1,
+                   max_size=6)
+heads = st.sampled_from([(32, 8), (32, 4), (8, 8), (8, 1), (64, 8), (28, 4), (16, 2)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=batches, heads=heads, splits=st.sampled_from([None, None, 1, 2, 3, 5, 16, 64]),
+       pack=st.booleans(), block_n=st.sampled_from([64, 128]),
+       num_sms=st.sampled_from([132, 78, 16]))
+def test_work_items_equal_the_loops(batch, heads, splits, pack, block_n, num_sms):
+    counts, prefixes = [n for n, _ in batch], [p for _, p in batch]
+    hq, hkv = heads
+    if splits not in (None, 1) and sum(counts) > sp.MAX_MERGE_TOKENS:
+        splits = 1
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ce, "platform_of", lambda device: _Platform(num_sms))
+        s, p, work = ce._work_items(True, splits, pack, counts, prefixes, hq, hq // hkv,
+                                    block_n, "cpu")
+    want = old_work_items(True, splits, pack, counts, prefixes, hq, hq // hkv, block_n,
+                          num_sms)
+    assert work.dtype == np.int32 and work.flags.c_contiguous
+    assert (s, p, [tuple(w) for w in work.tolist()]) == want
+    s, p, work = ce._work_items(False, 1, False, counts, [0] * len(counts), hq, hq // hkv,
+                                block_n, "cpu")
+    assert [tuple(w) for w in work.tolist()] == old_work_list(counts, prefixes=[0] * len(counts))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=batches, group=st.sampled_from([1, 2, 4, 8]), heads=st.integers(1, 64),
+       splits=st.integers(1, 64), num_sms=st.sampled_from([132, 78, 16, 1]),
+       block_n=st.sampled_from([64, 128]))
+def test_estimate_equals_the_loop(batch, group, heads, splits, num_sms, block_n):
+    """Bit for bit: the split choice compares these floats."""
+    counts, prefixes = [n for n, _ in batch], [p for _, p in batch]
+    blocks = old_blocks_of(counts, prefixes, 128, block_n, group)
+    assert sp.blocks_of(counts, prefixes, 128, block_n, group) == blocks
+    T = sum(counts)
+    assert sp.estimated_us(blocks, heads, splits, num_sms, T, 32) == \
+        old_estimated_us(blocks, heads, splits, num_sms, T, 32)
+    assert sp.choose_splits(counts, prefixes, heads * group, num_sms, 128, block_n, group) == \
+        old_choose_splits(counts, prefixes, heads * group, num_sms, 128, block_n, group)
+
+
+@pytest.mark.parametrize("cached", [50000, 50800, 51000, 52000, 54300])
+def test_later_turn_shape(cached):
+    """Issue 20's later turn (800 new tokens, Llama-3-8B heads, H200's 132 SMs)."""
+    for new in (800, 816, 848, 16, 128):
+        assert sp.choose_splits([new], [cached], 32, 132, group=4) == \
+            old_choose_splits([new], [cached], 32, 132, group=4)
+        s = sp.choose_splits([new], [cached], 32, 132, group=4)
+        assert sp.split_work([new], [cached], s, group=4) == \
+            old_split_work([new], [cached], s, group=4)
+
+
+def test_negative_prefix_is_refused():
+    with pytest.raises(ValueError, match="tile_ranges"):
+        sp.split_work([10], [-200], 2)
