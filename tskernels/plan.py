@@ -34,6 +34,11 @@ class Plan(Protocol):
     The tensors the factory was given by reference (page table, lengths, indptr) may be
     updated in place between replays; the plan sees the new contents.
 
+    An extend plan factory is given `host_qo_indptr` / `host_seq_lens` by
+    `attention.extend_plan`: int64 numpy arrays holding qo_indptr's and seq_lens's values (the
+    caller's host copies, or the tensors read once); it reads those, not the tensors, so a plan
+    built from the caller's copies syncs nothing. They are absent (None) on the one-shot path.
+
     `repr(plan)` names the kernel and the configuration it holds.
     """
 

@@ -1,15 +1,24 @@
-"""The extend plan's host side (issue 20): the CUDA paged plan's numpy split choice and work
-items equal the Python loops they replaced (kept below as the reference) on drawn batches.
+"""The extend plan's host side (issue 20): `attention.extend_plan` given the caller's host copies
+of qo_indptr / seq_lens builds the same plan as without them and reads nothing back from the
+tensors; bad copies fail clearly; and the CUDA paged plan's numpy split choice and work items
+equal the Python loops they replaced (kept below as the reference) on drawn batches.
 The CUDA plan on the device: tests/kernels/test_attention_cuda_paged_extend.py (GPU tier)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tskernels.ops.attention as attn
 from tskernels.ops.attention import cuda_extend as ce
 from tskernels.ops.shared import extend_split as sp
+
+try:
+    from .test_attention_common import make_paged
+except ImportError:
+    from test_attention_common import make_paged
 
 
 # ---- the loops the numpy construction replaced (the reference) ------------------------------
@@ -163,3 +172,113 @@ def test_later_turn_shape(cached):
 def test_negative_prefix_is_refused():
     with pytest.raises(ValueError, match="tile_ranges"):
         sp.split_work([10], [-200], 2)
+
+
+# ---- extend_plan's host copies ----------------------------------------------------------------
+
+def _batch(device="cpu"):
+    gen = torch.Generator().manual_seed(7)
+    lens, new = [70, 41, 9, 0], [33, 41, 0, 0]
+    kv = make_paged(lens, 8, 2, 32, torch.float32, None, device, gen)
+    ptr = [0, *np.cumsum(new).tolist()]
+    qo = torch.tensor(ptr, dtype=torch.int32, device=device)
+    return kv, qo, ptr, lens
+
+
+class _NoRead:
+    """Fails the test on any read of a tensor's values to the host."""
+
+    NAMES = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__index__", "__float__")
+
+    def __init__(self, monkeypatch):
+        for name in self.NAMES:
+            monkeypatch.setattr(torch.Tensor, name, self._boom(name))
+
+    @staticmethod
+    def _boom(name):
+        def boom(self, *a, **k):
+            raise AssertionError(f"the plan read a tensor to the host ({name})")
+        return boom
+
+
+def _plan(kv, qo, backend, **host):
+    return attn.extend_plan(qo, kv.page_table, kv.seq_lens, num_q_heads=4, k_cache=kv.k_cache,
+                            q_dtype=torch.float32, backend=backend, **host)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch_cpu", "reference"])
+@pytest.mark.parametrize("kind", ["list", "numpy", "tensor"])
+def test_host_copies_give_the_same_plan_without_reads(monkeypatch, backend, kind):
+    kv, qo, ptr, lens = _batch()
+    wrap = {"list": list, "numpy": np.array,
+            "tensor": lambda x: torch.tensor(x, dtype=torch.int32)}[kind]
+    host = dict(host_qo_indptr=wrap(ptr), host_seq_lens=wrap(lens))
+    base = _plan(kv, qo, backend)
+    with monkeypatch.context() as m:
+        if kind != "tensor":   # (a CPU tensor copy is read by .numpy(), which is no sync)
+            _NoRead(m)
+        got = _plan(kv, qo, backend, **host)
+    assert repr(got) == repr(base)
+    if backend == "triton":
+        assert torch.equal(got.work, base.work) and got.num_blocks == base.num_blocks
+    if backend == "torch_cpu":
+        assert [p[:2] + p[4:] for p in got.parts] == [p[:2] + p[4:] for p in base.parts]
+    q = torch.randn(int(ptr[-1]), 4, 32, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(got.run(q, kv.k_cache, kv.v_cache),
+                               base.run(q, kv.k_cache, kv.v_cache), rtol=0, atol=0)
+
+
+def test_host_copies_select_like_the_tensors(monkeypatch):
+    """The `prefix` trait comes from the host copies: a batch without a cached prefix and one
+    with (extend's selection sees the same)."""
+    seen = []
+    real = attn._select_planned
+    monkeypatch.setattr(attn, "_select_planned",
+                        lambda *a, **k: seen.append(k["extra"]["prefix"]) or real(*a, **k))
+    kv, qo, ptr, lens = _batch()
+    for host in ({}, dict(host_qo_indptr=ptr, host_seq_lens=lens)):
+        _plan(kv, qo, "reference", **host)
+    gen = torch.Generator().manual_seed(2)
+    kv2 = make_paged([5, 3], 8, 2, 32, torch.float32, None, "cpu", gen)
+    qo2 = torch.tensor([0, 5, 8], dtype=torch.int32)
+    for host in ({}, dict(host_qo_indptr=[0, 5, 8], host_seq_lens=[5, 3])):
+        _plan(kv2, qo2, "reference", **host)
+    assert seen == [True, True, False, False]
+
+
+def test_bad_host_copies():
+    kv, qo, ptr, lens = _batch()
+    for host, err, match in (
+            (dict(host_qo_indptr=ptr), ValueError, "both"),
+            (dict(host_seq_lens=lens), ValueError, "both"),
+            (dict(host_qo_indptr=ptr[:-1], host_seq_lens=lens), ValueError,
+             r"host_qo_indptr: expected 5 values \(batch 4\)"),
+            (dict(host_qo_indptr=ptr, host_seq_lens=lens + [3]), ValueError,
+             r"host_seq_lens: expected 4 values"),
+            (dict(host_qo_indptr=np.array([ptr]), host_seq_lens=lens), ValueError,
+             "host_qo_indptr: expected 5 values"),
+            (dict(host_qo_indptr=[float(x) for x in ptr], host_seq_lens=lens), TypeError,
+             "host_qo_indptr: expected integers")):
+        with pytest.raises(err, match=match):
+            _plan(kv, qo, "reference", **host)
+
+
+@pytest.mark.gpu
+def test_cuda_paged_plan_with_host_copies():
+    """The CUDA paged plan (sm_90) from host copies: the same split count and work items as
+    from the device tensors."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    gen = torch.Generator().manual_seed(3)
+    lens, new = [51000, 900, 300], [800, 16, 300]
+    kv = make_paged(lens, 64, 8, 128, torch.bfloat16, None, "cuda", gen)
+    ptr = [0, *np.cumsum(new).tolist()]
+    qo = torch.tensor(ptr, dtype=torch.int32, device="cuda")
+    mk = lambda **h: attn.extend_plan(qo, kv.page_table, kv.seq_lens, num_q_heads=32,  # noqa: E731
+                                      k_cache=kv.k_cache, backend="cuda_paged", **h)
+    base, got = mk(), mk(host_qo_indptr=ptr, host_seq_lens=lens)
+    assert (got.splits, got.gqa_pack, got.num_blocks) == (base.splits, base.gqa_pack,
+                                                          base.num_blocks)
+    assert torch.equal(got.work, base.work)
+    q = torch.randn(sum(new), 32, 128, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(got.run(q, kv.k_cache, kv.v_cache), base.run(q, kv.k_cache, kv.v_cache))

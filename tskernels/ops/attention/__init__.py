@@ -173,22 +173,45 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
                 causal: bool = True, scale: float | None = None,
                 sliding_window: int | None = None, softcap: float | None = None,
                 sinks: bool = False, kv_scale_mode: str | None = None,
-                backend: str | None = None):
-    """Plan an extend batch once (reads qo_indptr on the host here, never in `run`);
-    `plan.run(q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None)`
-    returns o [T, Hq, D]. Arguments as in `extend` and `decode_plan`."""
+                host_qo_indptr=None, host_seq_lens=None, backend: str | None = None):
+    """Plan an extend batch once; `plan.run(q, k_cache, v_cache, *, sinks=None, k_scale=None,
+    v_scale=None, out=None)` returns o [T, Hq, D]. Arguments as in `extend` and `decode_plan`.
+
+    The plan needs the batch's lengths on the host (the backend, the split choice and the work
+    list depend on them, never `run`). host_qo_indptr [B + 1], host_seq_lens [B]: host copies
+    of qo_indptr and seq_lens (lists, numpy arrays or CPU tensors of ints; both or neither),
+    which the caller promises hold the tensors' values (only their lengths are checked:
+    comparing the values would read the device); with them the plan reads nothing back from
+    the device. Without them it reads both tensors once (on a GPU, a sync with the stream).
+
+    >>> import torch, tskernels.ops.attention as attn
+    >>> kc = torch.randn(4, 16, 2, 64); vc = torch.randn(4, 16, 2, 64)
+    >>> qo, lens = [0, 3], [20]
+    >>> plan = attn.extend_plan(torch.tensor(qo, dtype=torch.int32),
+    ...                         torch.tensor([[1, 2]], dtype=torch.int32),
+    ...                         torch.tensor(lens, dtype=torch.int32), num_q_heads=8, k_cache=kc,
+    ...                         q_dtype=torch.float32, host_qo_indptr=qo, host_seq_lens=lens,
+    ...                         backend="reference")
+    >>> plan.run(torch.randn(3, 8, 64), kc, vc).shape
+    torch.Size([3, 8, 64])
+    """
     B = qo_indptr.shape[0] - 1
     _, page_size, hkv, d = k_cache.shape
     params = AttentionParams(scale=scale, causal=causal, sliding_window=sliding_window,
                              softcap=softcap, sinks=sinks)
     _v.gqa(num_q_heads, hkv)
     _v.paged(page_table, seq_lens, B, k_cache.device)
+    host = _v.host_copies(host_qo_indptr, host_seq_lens, B)
+    if host is None:
+        host = _v.host_lengths(qo_indptr, seq_lens)
+    ptr, lens = host
+    prefix = B > 0 and bool((lens != ptr[1:] - ptr[:-1]).any())
     kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, params, kv_scale_mode,
-                           backend,
-                           extra={"causal": causal, "prefix": _has_prefix(qo_indptr, seq_lens)})
+                           backend, extra={"causal": causal, "prefix": prefix})
     return _planned(kern)(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
                           num_kv_heads=hkv, head_dim=d, page_size=page_size, q_dtype=q_dtype,
-                          kv_dtype=k_cache.dtype, **params.plan_kwargs(d, with_causal=True))
+                          kv_dtype=k_cache.dtype, host_qo_indptr=ptr, host_seq_lens=lens,
+                          **params.plan_kwargs(d, with_causal=True))
 
 
 def _has_prefix(qo_indptr: torch.Tensor, seq_lens: torch.Tensor) -> bool:

@@ -39,6 +39,7 @@ from ...plan import PlanBase
 from ...platform import platform_of
 from ...registry import Capability, register
 from .. import cuda_driver
+from . import _validate as _v
 from ..shared import extend_split as split_kv
 
 SOURCE = Path(__file__).with_name("cuda") / "prefill_wgmma.cu"
@@ -124,8 +125,11 @@ class CudaExtendPlan(PlanBase):
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
                  sliding_window=None, softcap=None, stages=STAGES, block_n=BLOCK_N, extra=(),
-                 paged=False, splits="default", gqa_pack="default"):
-        """paged: read K/V from the paged cache (any cached prefix; page sizes 8-256, powers
+                 paged=False, splits="default", gqa_pack="default", host_qo_indptr=None,
+                 host_seq_lens=None):
+        """host_qo_indptr, host_seq_lens: host copies of qo_indptr / seq_lens (sequences of
+        ints; `attention.extend_plan` passes them), read instead of the device tensors.
+        paged: read K/V from the paged cache (any cached prefix; page sizes 8-256, powers
         of two) instead of from the new tokens' own k / v (no prefix).
         splits (paged only): key splits per query block (split-KV, ops/shared/extend_split.py):
         1 = the unsplit launch, an int up to 64 = that many (fewer for blocks with fewer
@@ -150,8 +154,7 @@ class CudaExtendPlan(PlanBase):
         dev = qo_indptr.device
         if dev.type != "cuda":
             raise ValueError("CUDA extend: tensors must be on a CUDA device")
-        ptr = np.asarray(qo_indptr.tolist(), dtype=np.int64)  # the plan's host reads
-        lens = np.asarray(seq_lens.tolist(), dtype=np.int64)
+        ptr, lens = _v.host_lengths(qo_indptr, seq_lens, host_qo_indptr, host_seq_lens)
         counts = np.diff(ptr)
         self.paged = paged
         if paged:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ...plan import PlanBase
 from ...registry import Capability, register
+from . import _validate as v_
 
 try:
     from ... import _cpu  # fp32 fast paths (decode attention, K/V store)
@@ -127,11 +128,13 @@ class ExtendPlan(PlanBase):
     KERNEL = "attention.extend.torch_cpu"
     REPR_FIELDS = ("scale",)
 
-    def __init__(self, qo_indptr, page_table, seq_lens, *, scale, page_size, causal=True, **_):
+    def __init__(self, qo_indptr, page_table, seq_lens, *, scale, page_size, causal=True,
+                 host_qo_indptr=None, host_seq_lens=None, **_):
         self.scale = scale
-        bounds = qo_indptr.tolist()
+        bounds, lens = v_.host_lengths(qo_indptr, seq_lens, host_qo_indptr, host_seq_lens)
+        bounds = bounds.tolist()
         self.parts = []
-        for b, length in enumerate(seq_lens.tolist()):
+        for b, length in enumerate(lens.tolist()):
             s, e = bounds[b], bounds[b + 1]
             n = e - s
             if n == 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -271,7 +272,8 @@ def _mean_keys(counts, lens, block_m) -> float:
 class ExtendPlan(PlanBase):
     """Per-batch work list for extend; `run` launches one grid with no host sync.
 
-    The plan reads qo_indptr on the host once (a sync at plan time, not at run time).
+    The plan reads qo_indptr and seq_lens on the host once (a sync at plan time, not at run
+    time), or takes their host copies (`host_qo_indptr`, `host_seq_lens`: no sync).
     """
 
     KERNEL = "attention.extend.triton"
@@ -279,13 +281,14 @@ class ExtendPlan(PlanBase):
 
     def __init__(self, qo_indptr, page_table, seq_lens, *, num_q_heads, num_kv_heads,
                  head_dim, page_size, q_dtype, kv_dtype, scale, causal=True,
-                 sliding_window=None, softcap=None, config=None):
+                 sliding_window=None, softcap=None, config=None, host_qo_indptr=None,
+                 host_seq_lens=None):
         self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
         self.hq, self.group, self.d, self.page_size = num_q_heads, \
             num_q_heads // num_kv_heads, head_dim, page_size
         self.scale, self.causal, self.window, self.softcap = scale, causal, sliding_window, softcap
-        counts = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
-        lens = seq_lens.tolist()
+        ptr, lens = v_.host_lengths(qo_indptr, seq_lens, host_qo_indptr, host_seq_lens)
+        counts, lens = np.diff(ptr).tolist(), lens.tolist()
         on_gpu = qo_indptr.device.type == "cuda"
         plat = platform_of(qo_indptr.device) if on_gpu else None
         arch = plat.arch if plat is not None and plat.vendor == "amd" else None
@@ -312,8 +315,9 @@ class ExtendPlan(PlanBase):
         # "attention.extend").
         work.sort(key=lambda bi: -(lens[bi[0]] - counts[bi[0]] + (bi[1] + 1) * self.block_m))
         self.num_blocks = len(work)
-        self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32,
-                                 device=qo_indptr.device).reshape(-1)
+        # non_blocking: a blocking upload would wait for the stream's queued work (a sync)
+        self.work = torch.tensor(work or [(0, 0)], dtype=torch.int32).reshape(-1).to(
+            qo_indptr.device, non_blocking=True)
 
     def run(self, q, k_cache, v_cache, *, sinks=None, k_scale=None, v_scale=None, out=None,
             k=None, v=None):
