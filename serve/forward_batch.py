@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import tskernels
@@ -58,6 +59,18 @@ class StepMeta:
     num_decode: int
     num_requests: int
     max_seq_len: int | None = None  # decode plan sizing (graphs: max_model_len)
+    # the host arrays qo_indptr / seq_lens were uploaded from: the extend plan reads these
+    # instead of the device tensors (no sync); None where there are none (graph buffers)
+    host_qo_indptr: np.ndarray | None = None
+    host_seq_lens: np.ndarray | None = None
+
+    def extend_host(self) -> dict:
+        """extend_plan's host copies of the extend rows (after the decode rows), if known."""
+        nd = self.num_decode
+        if self.host_qo_indptr is None or self.host_seq_lens is None:
+            return {}
+        return dict(host_qo_indptr=self.host_qo_indptr[nd:] - nd,
+                    host_seq_lens=self.host_seq_lens[nd:])
 
 
 def _cpu_store(dtype, hkv, d, fp8):
@@ -96,7 +109,8 @@ class AttentionState:
             if nr > nd:
                 self.extend = tskernels.attention.extend_plan(
                     meta.qo_indptr[nd:] - nd, meta.page_table[nd:], meta.seq_lens[nd:],
-                    num_q_heads=num_q_heads, k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode)
+                    num_q_heads=num_q_heads, k_cache=like, q_dtype=q_dtype, kv_scale_mode=mode,
+                    **meta.extend_host())
         else:
             like = pool.kv[0]
             if nd:
@@ -126,7 +140,7 @@ class AttentionState:
             if self.extend is not None:
                 ext = tskernels.attention.extend_plan(
                     m.qo_indptr[nd:] - nd, m.page_table[nd:], m.seq_lens[nd:], k_cache=like,
-                    sliding_window=sliding_window, **a)
+                    sliding_window=sliding_window, **a, **m.extend_host())
             got = self._windowed[sliding_window] = (dec, ext)
         return got
 

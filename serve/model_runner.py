@@ -240,7 +240,10 @@ class ModelRunner:
         meta = StepMeta(positions=t(plan.positions), slot_mapping=t(plan.slot_mapping),
                         qo_indptr=t(plan.qo_indptr), page_table=t(plan.page_table),
                         seq_lens=t(plan.seq_lens), num_decode=int(plan.num_decode),
-                        num_requests=len(plan.request_ids))
+                        num_requests=len(plan.request_ids),
+                        # the extend plan reads these host copies, not the tensors (no sync)
+                        host_qo_indptr=np.array(plan.qo_indptr),
+                        host_seq_lens=np.array(plan.seq_lens))
         return t(plan.input_ids), meta
 
     def attention_state(self, meta: StepMeta) -> AttentionState:
