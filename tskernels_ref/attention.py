@@ -1,4 +1,4 @@
-"""Paged attention references: store_kv, decode, extend, merge_states.
+"""Paged attention references: store_kv, rope_store_kv, decode, extend, merge_states.
 
 Cache layout (per layer): k_cache, v_cache [num_pages, page_size, num_kv_heads, head_dim] (NHD),
 bf16/fp16/fp32 or float8_e4m3fn with a float32 scale, per-tensor (0-d / 1 element) or
@@ -13,6 +13,8 @@ import math
 import torch
 
 from ._common import compute_dtype, dequant, gather_pages, is_fp8, quantize_fp8
+from .norm import rmsnorm
+from .rope import apply_rope
 
 
 def store_kv(
@@ -48,6 +50,46 @@ def store_kv(
         x = src[keep]
         x = quantize_fp8(x, scale, cache.dtype) if is_fp8(cache) else x.to(cache.dtype)
         cache[page, offset] = x
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    style: str = "neox",
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """A decode step's q/k preparation and K/V write: per-head RMSNorm of q and k (when the
+    weights are given, as Qwen3 does), RoPE of q and k, then `store_kv` of the rotated k and v.
+
+    Exactly the composition of the separate references, intermediate roundings included: the
+    normed q / k are rounded to their dtype before RoPE reads them (`rmsnorm`), the rotated
+    ones before the store (`apply_rope`), and the store casts to the cache dtype.
+
+    Args:
+        q: [T, Hq, D]; k, v: [T, Hkv, D], all one float dtype.
+        positions: int32/int64 [T]; cos_sin_cache: [max_position, r] (r <= D, even).
+        k_cache, v_cache: [num_pages, page_size, Hkv, D] (16-bit or fp32), written in place.
+        slot_mapping: int64 [T], or < 0 to skip the token's K/V (padding).
+        q_norm_weight, k_norm_weight: [D] or None (both or neither).
+    Returns:
+        q_out [T, Hq, D] in q's dtype (normed and rotated; a new tensor).
+    """
+    if q_norm_weight is not None:
+        q = rmsnorm(q, q_norm_weight, eps)
+    if k_norm_weight is not None:
+        k = rmsnorm(k, k_norm_weight, eps)
+    q_out, k_out = apply_rope(q, k, positions, cos_sin_cache, style=style)
+    store_kv(k_out, v, k_cache, v_cache, slot_mapping)
+    return q_out
 
 
 def _attend(

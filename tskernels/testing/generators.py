@@ -175,6 +175,30 @@ def _store_kv(gen, dtype, size):
                 label=f"store_kv slots {slots} {dtype}")
 
 
+@problem_generator("attention", "rope_store_kv")
+def _rope_store_kv(gen, dtype, size):
+    """A decode step's q/k/v as views of one qkv row (as served), each request's token at its
+    last slot (one padding row, slot -1), full or partial rotary, with or without q/k norm."""
+    lens, hq, d, kv = _paged(gen, dtype, size, min_len=1)
+    t, hkv = len(lens), kv.k_cache.shape[2]
+    slots = [int(kv.page_table[b, (n - 1) // kv.page_size]) * kv.page_size + (n - 1)
+             % kv.page_size for b, n in enumerate(lens)]
+    slots[-1] = -1
+    q, k, v = _randn(gen, t, hq + 2 * hkv, d, dtype=dtype).split([hq, hkv, hkv], dim=1)
+    style, rot = _pick(gen, ("neox", "gptj")), _pick(gen, (d, d // 2))
+    cache = ref_rope.cos_sin_cache(4096, rot, 10000.0)
+    pos = torch.tensor([n - 1 for n in lens], dtype=torch.int64)
+    norm = bool(_pick(gen, (0, 1)))
+    w = [(torch.rand(d, generator=gen) + 0.5).to(dtype) if norm else None for _ in range(2)]
+    return Case((q, k, v, pos, cache, kv.k_cache, kv.v_cache,
+                 torch.tensor(slots, dtype=torch.int64)),
+                {"style": style, "q_norm_weight": w[0], "k_norm_weight": w[1], "eps": 1e-6},
+                {"q": fmt(dtype), "kv": fmt(dtype)},
+                {"head_dim": d, "style": style, "qk_norm": norm},
+                outputs=lambda qo, a: (qo, a[5], a[6]),
+                label=f"rope_store_kv {style} rot {rot} norm {norm} slots {slots} {dtype}")
+
+
 @problem_generator("attention", "merge_states")
 def _merge_states(gen, dtype, size):
     n, h, d = (5, 3, 64) if size == "small" else (512, 32, 128)

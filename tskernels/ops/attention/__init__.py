@@ -1,4 +1,5 @@
-"""Paged attention: write K/V into pages, decode, extend (prefill and chunked prefill).
+"""Paged attention: write K/V into pages (optionally with q/k norm + RoPE), decode, extend
+(prefill and chunked prefill).
 
 KV cache layout per layer: k_cache, v_cache [num_pages, page_size, num_kv_heads, head_dim]
 (bf16/fp16/fp32, or fp8-e4m3 with float32 k_scale/v_scale, per tensor [1] or per head
@@ -64,6 +65,62 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                   formats={"k": fmt(k.dtype), "kv": kv}, traits={"head_dim": d},
                   backend=backend)
     kern(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+
+
+def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, *, style: str = "neox",
+                  q_norm_weight: torch.Tensor | None = None,
+                  k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                  backend: str | None = None) -> torch.Tensor:
+    """A decode step's q/k preparation and K/V write as one op: per-head RMSNorm of q and k
+    (optional, Qwen3), RoPE of q and k (`rope.apply_rope`), then `store_kv` of the rotated k
+    and v. The result equals those ops run one after the other, roundings included.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D] (fp32/fp16/bf16, one dtype; any strides on the first two
+    dims, e.g. views of the qkv projection, last dim contiguous). positions: int32/int64 [T].
+    cos_sin_cache: fp32 [max_position, r] (`rope.cos_sin_cache`, r even, r <= D: dims past r
+    are not rotated). style: "neox" / "gptj". k_cache, v_cache: the paged cache (16-bit or fp32,
+    contiguous; an fp8 cache is refused: its quantize-on-write stays with `store_kv`).
+    slot_mapping: int64 [T], negative slots skipped (padding; their q is still rotated).
+    q_norm_weight, k_norm_weight: [D] both or neither, with eps. Returns q_out [T, Hq, D] (new).
+    """
+    _check.one_of("style", style, ("neox", "gptj"))
+    _check.tensor("q", q, ndim=3, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
+    T, _, d = q.shape
+    _check.tensor("k", k, ndim=3, dtypes=(q.dtype,), shape=(T, None, d), device=q.device,
+                  contiguous_last=True)
+    hkv = k.shape[1]
+    _check.tensor("v", v, shape=(T, hkv, d), dtypes=(q.dtype,), device=q.device,
+                  contiguous_last=True)
+    _check.tensor("positions", positions, ndim=1, dtypes=_check.INDEX, shape=(T,),
+                  device=q.device)
+    _check.tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32, torch.float64),
+                  device=q.device)
+    r = cos_sin_cache.shape[1]
+    if r % 2 or r > d:
+        raise ValueError(f"cos_sin_cache: width {r} must be even and <= head_dim {d}")
+    _v.kv_cache(k_cache, v_cache, head_dim=d, device=q.device)
+    if k_cache.dtype in _check.FP8:
+        raise ValueError("k_cache: an fp8 cache is not supported by rope_store_kv (its "
+                         "quantize-on-write is store_kv's); use rope.apply_rope + store_kv")
+    if k_cache.shape[2] != hkv:
+        raise ValueError(f"k_cache: {k_cache.shape[2]} KV heads, k has {hkv}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache/v_cache: must be contiguous")
+    _check.tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int64,), shape=(T,),
+                  device=q.device)
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("q_norm_weight/k_norm_weight: give both (per-head q/k RMSNorm) or "
+                         "neither")
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        _check.optional(name, w, shape=(d,), dtypes=_check.FLOAT_OR_FP64, device=q.device)
+    kern = select("attention", "rope_store_kv", device=q.device,
+                  formats={"q": fmt(q.dtype), "kv": fmt(k_cache.dtype)},
+                  traits={"head_dim": d, "style": style, "qk_norm": q_norm_weight is not None},
+                  backend=backend)
+    return kern(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, style=style,
+                q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, eps=eps)
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,5 +1,5 @@
-"""Tuning spaces of the Triton decode, extend, merge_states and store_kv kernels (see
-autotune.declare).
+"""Tuning spaces of the Triton decode, extend, merge_states, store_kv and rope_store_kv kernels
+(see autotune.declare).
 
 Each kernel keeps its own launch heuristic as the space's heuristic, so without a table entry
 a launch is what it was before the space existed. The kernel modules are imported lazily (they
@@ -292,3 +292,69 @@ def store_config(T: int, H: int, D: int, k_dtype: torch.dtype, cache_dtype: torc
                  device) -> dict:
     return tuning.config(STORE, {"T": T, "H": H, "D": D, "kv": fmt(cache_dtype),
                                  "dtype": fmt(k_dtype)}, device)
+
+
+# ---- attention.rope_store_kv -----------------------------------------------------------------
+def _rope_store_heuristic(p: Mapping) -> dict:
+    return {"heads": min(16, pow2_bucket(max(p["Hq"], p["Hkv"]))), "num_warps": 4}
+
+
+def _rope_store_prune(cfg, p, target) -> str | None:
+    if cfg["heads"] > 2 * pow2_bucket(max(p["Hq"], p["Hkv"])):
+        return "more heads per program than twice the heads"
+    if cfg["num_warps"] * target.warp_size > cfg["heads"] * pow2_bucket(p["D"]):
+        return "more threads than elements per program"
+    return None
+
+
+def _rope_store_runner(p, device):
+    from tskernels_ref.attention import rope_store_kv as ref_op
+    from tskernels_ref.rope import cos_sin_cache
+
+    from .triton_rope_store import _launch
+    T, Hq, Hkv, D = p["T"], p["Hq"], p["Hkv"], p["D"]
+    dt = _test_dtype(p.get("dtype", "bf16"), device)
+    norm = bool(p.get("norm", 0))
+    table = cos_sin_cache(4096, D).to(device)
+    pos = torch.randint(0, 4096, (T,), device=device)
+    pages = -(-T // 16) + 1
+    slots = torch.randperm(pages * 16, device=device)[:T].to(torch.int64)
+    w = (torch.rand(2, D, device=device) + 0.5).to(dt) if norm else (None, None)
+
+    def make(dev):
+        return (torch.randn(T, Hq, D, device=dev, dtype=dt),
+                torch.randn(T, Hkv, D, device=dev, dtype=dt),
+                torch.randn(T, Hkv, D, device=dev, dtype=dt),
+                torch.zeros(pages, 16, Hkv, D, device=dev, dtype=dt),
+                torch.zeros(pages, 16, Hkv, D, device=dev, dtype=dt))
+
+    def launch(cfg, x):
+        qo = _launch(x[0], x[1], x[2], pos, table, x[3], x[4], slots, False, w[0], w[1], 1e-6,
+                     cfg)
+        return qo, x[3], x[4]
+
+    def reference(x):
+        kc, vc = x[3].clone(), x[4].clone()
+        qo = ref_op(x[0], x[1], x[2], pos, table, kc, vc, slots, q_norm_weight=w[0],
+                    k_norm_weight=w[1])
+        return qo, kc, vc
+    return tuning.TensorRunner(make, launch, reference, device)
+
+
+ROPE_STORE = declare(KernelSpace(
+    "attention.rope_store_kv.triton",
+    Space(heads=[1, 2, 4, 8, 16, 32], num_warps=[1, 2, 4, 8]),
+    key=lambda p: {"Hq": p["Hq"], "Hkv": p["Hkv"], "D": p["D"],
+                   "T": tuning.rows_bucket(p["T"]), "dtype": p.get("dtype", "bf16")},
+    heuristic=_rope_store_heuristic, prune=_rope_store_prune,
+    source=lambda: jit_source(__import__(__package__ + ".triton_rope_store",
+                                         fromlist=["_"])._rope_store_kv_kernel),
+    runner=_rope_store_runner, parse=tuning.parse_shape, exact=("Hq", "Hkv", "D"),
+    example={"T": 1, "Hq": 32, "Hkv": 8, "D": 128, "dtype": "bf16"},
+    shapes=tuple({"T": t, "Hq": 32, "Hkv": hkv, "D": 128, "dtype": "bf16"}
+                 for t in (1, 64) for hkv in (4, 8))))
+
+
+def rope_store_config(T: int, Hq: int, Hkv: int, D: int, dtype: torch.dtype, device) -> dict:
+    return tuning.config(ROPE_STORE, {"T": T, "Hq": Hq, "Hkv": Hkv, "D": D, "dtype": fmt(dtype)},
+                         device)

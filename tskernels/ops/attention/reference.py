@@ -50,6 +50,14 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None
     ref.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
+@register("attention", "rope_store_kv", **REF)
+def rope_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, *, style,
+                  q_norm_weight=None, k_norm_weight=None, eps=1e-6):
+    return ref.rope_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                             style=style, q_norm_weight=q_norm_weight,
+                             k_norm_weight=k_norm_weight, eps=eps)
+
+
 @register("attention", "decode", **REF, plan=RefDecodePlan)
 def decode(q, k_cache, v_cache, page_table, seq_lens, **kw):
     return ref.decode(q, k_cache, v_cache, page_table, seq_lens, **kw)

@@ -9,10 +9,11 @@ A kernel that triggers early therefore lets its dependents start *their* indepen
 
 The kernels named in CHAIN are launched as programmatic dependents and trigger their own
 dependents at program start: RMSNorm / fused add + RMSNorm ("rmsnorm"), SiLU / GELU-mul
-("act_and_mul"), RoPE ("rope"), the paged K/V store ("store_kv") and the split-KV decode
-merge ("merge"). Each waits (gdc_wait) before its first load and before any store, so
-correctness never depends on the launch order: the wait covers the predecessor, and through
-the predecessor's own wait (or plain stream order) everything before it. Reading a weight
+("act_and_mul"), RoPE ("rope"), the paged K/V store ("store_kv"), the fused q/k norm + RoPE +
+K/V store of decode steps ("rope_store_kv") and the split-KV decode merge ("merge"). Each waits
+(gdc_wait) before its first load and before any store, so correctness never depends on the
+launch order: the wait covers the predecessor, and through the predecessor's own wait (or plain
+stream order) everything before it. Reading a weight
 before the wait (the gemv's L2 prefetch, triton_gemv.PREFETCH_TILES) is safe because no
 kernel of a step writes weights, and an L2 prefetch cannot return stale data (L2 is where the
 predecessor's stores land).
@@ -31,7 +32,7 @@ from ...platform import platform_of
 
 # the kernels launched chained (see above), by name; e.g. {"rmsnorm", "act_and_mul", "rope",
 # "store_kv", "merge"}. Any iterable of names (benchmarks/serve_ab.py sets a literal).
-NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "merge")
+NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "rope_store_kv", "merge")
 CHAIN: frozenset[str] = frozenset(NAMES)
 # the compile targets of the chained forms (griddepcontrol: sm_90+)
 TARGETS = ("sm_90", "sm_100", "sm_120")
