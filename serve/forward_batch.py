@@ -17,6 +17,12 @@ from tskernels import GQACacheSpec, KVCacheSpec, MLACacheSpec
 
 from .models import bound_ops
 
+# Decode-only steps on a GPU with a 16-bit / fp32 cache run each layer's q/k norm (Qwen3) +
+# RoPE + K/V store as one launch (attention.rope_store_kv) instead of two to four; False: the
+# separate ops (an A/B: benchmarks/serve_ab.py --set serve.forward_batch.FUSED_ROPE_STORE=False).
+# Read when a step's AttentionState is built (CUDA graphs: at capture).
+FUSED_ROPE_STORE = True
+
 
 class KVPool:
     """The paged cache of every layer, allocated from the model's `KVCacheSpec`. GQA: k/v
@@ -73,6 +79,15 @@ class StepMeta:
                     host_seq_lens=self.host_seq_lens[nd:])
 
 
+def fuses_rope_store(pool: KVPool, num_decode: int, num_requests: int) -> bool:
+    """Whether a step's PagedAttention layers take attention.rope_store_kv (FUSED_ROPE_STORE):
+    decode-only steps (the extend kernel reads the new tokens' rotated K/V), a 16-bit / fp32
+    cache (an fp8 cache's quantize-on-write is store_kv's), a GPU (the CPU binds its own
+    store)."""
+    return (FUSED_ROPE_STORE and not pool.is_mla and not pool.fp8 and num_decode > 0 and
+            num_requests == num_decode and pool.k[0].device.type != "cpu")
+
+
 def _cpu_store(dtype, hkv, d, fp8):
     """The store_kv kernel the public op would select for this cache (under the active kernel
     policy), bound once."""
@@ -99,6 +114,7 @@ class AttentionState:
         self._windowed: dict[int, tuple] = {}   # sliding window W -> (decode, extend) plans
         self.decode = self.extend = None
         self.extend_args = None
+        self.fuse_rope_store = fuses_rope_store(pool, nd, nr)
         if not pool.is_mla:
             like = pool.k[0]
             if nd:
@@ -169,6 +185,22 @@ class AttentionState:
         decode.run(q[:nd], kc, vc, k_scale=s, v_scale=s, out=o[:nd])
         extend.run(q[nd:], kc, vc, k_scale=s, v_scale=s, out=o[nd:], **new)
         return o
+
+    def forward_rope_store(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           positions: torch.Tensor, cos_sin_cache: torch.Tensor, *, style: str,
+                           q_norm_weight: torch.Tensor | None = None,
+                           k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                           sliding_window: int | None = None) -> torch.Tensor:
+        """A decode-only step (`fuse_rope_store`): per-head q/k RMSNorm (given the weights) +
+        RoPE + the K/V store in one launch, then the decode plan. q [T, Hq, D], k/v [T, Hkv, D]
+        as projected (before norm and RoPE) -> [T, Hq, D]."""
+        decode, _ = self.plans(sliding_window)
+        kc, vc = self.pool.k[layer], self.pool.v[layer]
+        q = bound_ops.rope_store_kv(q, k, v, positions, cos_sin_cache, kc, vc,
+                                    self.meta.slot_mapping, style=style,
+                                    q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+                                    eps=eps)
+        return decode.run(q, kc, vc)
 
     def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor, scale: float,
                     kv_lora_rank: int) -> torch.Tensor:

@@ -31,6 +31,10 @@ FUSE_DECODE_MAX_M = 16
 # the fused kernels are named while they are not run-verified (the registry would pick the
 # reference for them); None once verified.json lists them (the registry's choice)
 FUSED_BACKEND: str | None = "triton"
+# attention.rope_store_kv (decode steps: serve.forward_batch.FUSED_ROPE_STORE) is named while
+# it is not run-verified (the registry would pick the reference, which syncs); None once
+# verified.json lists it
+ROPE_STORE_BACKEND: str | None = "triton"
 # bf16 only: the fused RMSNorm rounds x * norm_weight (before rstd) to the operand dtype,
 # which in fp16 can overflow on a large residual stream where the normed x would not
 _FUSED_DTYPES = (torch.bfloat16,)
@@ -146,3 +150,12 @@ def apply_rope(q, k, positions, cos_sin_cache, *, style: str):
     kern = bind(("apply_rope", q.dtype, style), "rope", "apply_rope",
                 lambda: dict(formats={"q": fmt(q.dtype)}, traits={"style": style}))
     return kern(q, k, positions, cos_sin_cache, style=style, inplace=False)
+
+
+def rope_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, *,
+                  style: str, q_norm_weight=None, k_norm_weight=None, eps: float = 1e-6):
+    """q/k norm + RoPE + K/V store in one launch (decode steps on a GPU); returns q_out."""
+    return tskernels.attention.rope_store_kv(
+        q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, style=style,
+        q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, eps=eps,
+        backend=ROPE_STORE_BACKEND)
