@@ -8,8 +8,8 @@
 #             separate launches)
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs (hypothesis
 #             profile ci, -n 8) -> $OUT/s17_gpu_tier.json
-#   AB_S:     B=1 decode, dummy Llama-3-8B and the Qwen3-30B-A3B-shaped dummy, with and without
-#             AB_SET (serve_ab --set switches), one engine process each
+#   AB_S / AB_RUNS: B=1 decode through serve_ab, one engine process per AB_RUNS entry
+#             ("tag|model|--set switches", ';'-separated), each under AB_S
 #   AGENTIC_S: benchmarks/agentic_engine_bench.py (later-turn TTFT x 5, B=1 ITL at ~53k, host
 #             gap with lookahead) on the dummy Llama-3-8B 64k config
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
@@ -30,13 +30,13 @@ if [ "${TIER_S:-0}" -gt 0 ]; then
       --out "$OUT/s17_gpu_tier.json" --timeout $(( TIER_S - 15 )) \
       --pytest-arg=-n --pytest-arg=8 --pytest-arg=-p --pytest-arg=no:cacheprovider "${args[@]}"
 fi
-for model in llama:dummy:llama-3-8b qwen3:dummy:benchmarks/configs/qwen3-30b-a3b.json; do
-  tag=${model%%:*}; m=${model#*:}
-  for v in old new; do
-    sets=""; [ "$v" = old ] && sets="${AB_SET:-}"
-    stage ab_${tag}_$v "${AB_S:-0}" python benchmarks/serve_ab.py $sets -- --model "$m" \
-        --batch 1 --new-tokens 48 --no-hf --json "$OUT/s17_ab_${tag}_$v.json"
-  done
+# AB_RUNS: "tag|model|--set switches" entries separated by ';' (serve_ab, one process each)
+IFS=';' read -ra runs <<< "${AB_RUNS:-}"
+for r in "${runs[@]}"; do
+  IFS='|' read -r tag m sets <<< "$r"
+  [ -n "$tag" ] || continue
+  stage ab_$tag "${AB_S:-0}" python benchmarks/serve_ab.py $sets -- --model "$m" \
+      --batch 1 --new-tokens 48 --no-hf --json "$OUT/s17_ab_$tag.json"
 done
 stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
     --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \

@@ -25,6 +25,10 @@ _bound: dict[tuple, object] = {}
 # adds into their epilogues (serve.models.layers.DecoderLayer). Off until its GPU tier and the
 # serving A/B ran (benchmarks/s15_gemv_gpu.py); turning it on by default is this line.
 FUSE_DECODE_GEMV = False
+# SiLU-mul (and the residual add) alone fused into the down gemv, norms and the other gemvs
+# unfused: the one fused form that was faster than its unfused pair in session 15 (down 30.9 vs
+# 32.7 us); off until a serving A/B with the chained launches shows it (session 17 lab run)
+FUSE_SILU_DOWN = False
 # the most rows that take the fused form (lower it if the lab script's M = 16 rows lose to
 # the unfused pair)
 FUSE_DECODE_MAX_M = 16
@@ -88,6 +92,14 @@ def fuse_decode(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether a decoder layer runs its norms / activation fused into its gemvs for rows x
     (FUSE_DECODE_GEMV, a GPU, at most gemm.GEMV_MAX_M rows, bf16, gemm.gemv taken there)."""
     return (FUSE_DECODE_GEMV and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
+            x.shape[0] <= min(FUSE_DECODE_MAX_M, tskernels.gemm.GEMV_MAX_M) and
+            _gemv_fits(x, w, None))
+
+
+def fuse_silu_down(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether an MLP's SiLU-mul runs inside its down gemv for rows x (FUSE_SILU_DOWN alone;
+    FUSE_DECODE_GEMV fuses more and takes precedence)."""
+    return (FUSE_SILU_DOWN and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
             x.shape[0] <= min(FUSE_DECODE_MAX_M, tskernels.gemm.GEMV_MAX_M) and
             _gemv_fits(x, w, None))
 

@@ -305,6 +305,10 @@ class DecoderLayer(nn.Module):
             residual, x = x, self.post_attention_layernorm(x)
         else:
             x, residual = self.post_attention_layernorm(x, residual)
+        if getattr(mlp, "fusable", None) is not None and \
+                ops.fuse_silu_down(x, mlp.gate_up_proj.weight) and mlp.fusable():
+            # down(silu_mul(gate_up(x))) + residual: the whole stream, one launch less
+            return ops.silu_mul_gemv(mlp.gate_up_proj(x), mlp.down_proj.weight, residual), None
         return mlp(x), residual
 
 

@@ -47,3 +47,30 @@ def test_fusion_is_off_by_default_and_never_on_cpu(monkeypatch):
     assert not bound_ops.fuse_decode(x, w)
     monkeypatch.setattr(bound_ops, "FUSE_DECODE_GEMV", True)
     assert not bound_ops.fuse_decode(x, w)  # the CPU decode path stays the unfused one
+
+
+def test_silu_down_alone_matches_unfused(monkeypatch):
+    """FUSE_SILU_DOWN: the norms and the other gemvs unfused, SiLU-mul + residual add inside
+    the down gemv: the same greedy tokens and logprobs as the unfused engine."""
+    model = "dummy:tiny-llama"
+    gate = bound_ops.fuse_silu_down
+    x, w = torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)
+    assert bound_ops.FUSE_SILU_DOWN is False
+    with monkeypatch.context() as m:
+        m.setattr(bound_ops, "FUSE_SILU_DOWN", True)
+        assert not gate(x, w)  # never on the CPU
+    want = _run(Engine(model, **KW))
+    calls = []
+    real = tskernels.gemm.silu_mul_gemv
+
+    def counted(*a, **kw):
+        calls.append(a[0].shape[0])
+        return real(*a, **kw)
+    monkeypatch.setattr(bound_ops, "FUSED_BACKEND", None)
+    monkeypatch.setattr(bound_ops, "fuse_silu_down", lambda x, w: x.shape[0] <= 16)
+    monkeypatch.setattr(tskernels.gemm, "silu_mul_gemv", counted)
+    got = _run(Engine(model, **KW))
+    assert calls and max(calls) <= 16
+    for (gt, glp), (wt, wlp) in zip(got, want):
+        assert gt == wt
+        assert max(abs(a - b) for a, b in zip(glp, wlp)) < 1e-4, (glp, wlp)
