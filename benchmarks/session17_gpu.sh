@@ -15,6 +15,9 @@
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
+# the device returns at most 8 files (the first 8 by name): the stages write under $OUT/raw,
+# which goes back as one archive at the end
+FINAL_OUT=$OUT; OUT=$OUT/raw; mkdir -p "$OUT"
 stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s17_NAME.log
   local name=$1 limit=$2; shift 2
   [ "${limit:-0}" -gt 0 ] || return 0
@@ -44,5 +47,4 @@ stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
 stage tests${TAG:-} "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
     -p no:cacheprovider ${PYTEST_N:--n 4} --timeout 200 ${TESTS:-tests/kernels}
 stamp done
-# the device returns at most 8 files: everything goes back as one archive (+ the summary JSONs)
-( cd "$OUT" && tar czf "s17_${PACK:-call}.tgz" --exclude='*.tgz' . )
+( cd "$OUT" && tar czf "$FINAL_OUT/s17_${PACK:-call}.tgz" . ) && rm -rf "$OUT"
