@@ -35,10 +35,9 @@ FUSE_DECODE_MAX_M = 16
 # the fused kernels are named while they are not run-verified (the registry would pick the
 # reference for them); None once verified.json lists them (the registry's choice)
 FUSED_BACKEND: str | None = "triton"
-# attention.rope_store_kv (decode steps: serve.forward_batch.FUSED_ROPE_STORE) is named while
-# it is not run-verified (the registry would pick the reference, which syncs); None once
-# verified.json lists it
-ROPE_STORE_BACKEND: str | None = "triton"
+# attention.rope_store_kv (decode steps: serve.forward_batch.FUSED_ROPE_STORE): the registry's
+# choice (run-verified on the H200, session 17); a backend name here forces one
+ROPE_STORE_BACKEND: str | None = None
 # bf16 only: the fused RMSNorm rounds x * norm_weight (before rstd) to the operand dtype,
 # which in fp16 can overflow on a large residual stream where the normed x would not
 _FUSED_DTYPES = (torch.bfloat16,)
