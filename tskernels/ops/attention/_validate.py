@@ -1,12 +1,13 @@
 """Shared argument checks of the attention family (public boundary only), and the extend
-plans' host copies of their lengths (`host_copies` at the boundary, `host_lengths` in a plan)."""
+plans' host copies of their lengths (`host_copies` at the boundary, `host_lengths` in a plan;
+shared with the MLA family from `ops/shared/host_lengths.py`)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ... import _check
 from ...registry import fmt
+from ..shared.host_lengths import host_copies, host_lengths  # noqa: F401 (this family's API)
 
 KV_DTYPES = _check.FLOAT_OR_FP64 + _check.FP8
 # cache formats the Triton kernels take (an fp8 cache with per-tensor or per-KV-head scales)
@@ -105,40 +106,3 @@ def new_kv(k, v, num_rows, k_cache):
                              f"strides (any, D, 1)), got strides {tuple(t.stride())}")
     return True
 
-
-def host_copies(host_qo_indptr, host_seq_lens, batch):
-    """extend_plan's optional host copies of qo_indptr / seq_lens (lists, numpy arrays or CPU
-    tensors of ints) as int64 numpy arrays [batch + 1] / [batch], or None when neither is
-    given. Only their lengths are checked: comparing them with the device tensors would read
-    those (a sync), which is what they are there to avoid."""
-    if host_qo_indptr is None and host_seq_lens is None:
-        return None
-    if host_qo_indptr is None or host_seq_lens is None:
-        raise ValueError("host_qo_indptr, host_seq_lens: pass both host copies or neither")
-    out = []
-    for name, h, n in (("host_qo_indptr", host_qo_indptr, batch + 1),
-                       ("host_seq_lens", host_seq_lens, batch)):
-        if isinstance(h, torch.Tensor):
-            if h.device.type != "cpu":
-                raise ValueError(f"{name}: a host copy (list, numpy array or CPU tensor), got "
-                                 f"a tensor on {h.device}")
-            h = h.numpy()
-        a = np.asarray(h)
-        if a.ndim != 1 or a.shape[0] != n:
-            raise ValueError(f"{name}: expected {n} values (batch {batch}), got shape "
-                             f"{tuple(a.shape)}")
-        if a.size and a.dtype.kind not in "iu":
-            raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
-        out.append(a.astype(np.int64, copy=False))
-    return tuple(out)
-
-
-def host_lengths(qo_indptr, seq_lens, host_qo_indptr=None, host_seq_lens=None):
-    """An extend plan's (qo_indptr, seq_lens) as int64 numpy arrays: the host copies when
-    given (extend_plan passes them; no device read), else the tensors read in one copy (one
-    sync when they are on a device)."""
-    if host_qo_indptr is not None and host_seq_lens is not None:
-        return (np.asarray(host_qo_indptr, dtype=np.int64).reshape(-1),
-                np.asarray(host_seq_lens, dtype=np.int64).reshape(-1))
-    both = torch.cat((qo_indptr, seq_lens)).cpu().numpy().astype(np.int64)
-    return both[:qo_indptr.shape[0]], both[qo_indptr.shape[0]:]
