@@ -1,6 +1,7 @@
 """The planned-kernel contract: `Plan`, `AttentionParams`, `PagedKV`, and the one-shot path.
 
-Planned ops (attention.decode / extend, mla.decode, later MoE and GDN) split the work in two:
+Planned ops (attention.decode / extend, mla.decode / extend, later MoE and GDN) split the work
+in two:
 
     plan = tskernels.attention.decode_plan(page_table, seq_lens, num_q_heads=32, k_cache=kc)
     for layer in range(num_layers):                    # once per batch, then per layer:
@@ -35,9 +36,10 @@ class Plan(Protocol):
     updated in place between replays; the plan sees the new contents.
 
     An extend plan factory is given `host_qo_indptr` / `host_seq_lens` by
-    `attention.extend_plan`: int64 numpy arrays holding qo_indptr's and seq_lens's values (the
-    caller's host copies, or the tensors read once); it reads those, not the tensors, so a plan
-    built from the caller's copies syncs nothing. They are absent (None) on the one-shot path.
+    `attention.extend_plan` and `mla.extend_plan`: int64 numpy arrays holding qo_indptr's and
+    seq_lens's values (the caller's host copies, or the tensors read once); it reads those, not
+    the tensors, so a plan built from the caller's copies syncs nothing. They are absent (None)
+    on the one-shot path, where the factory reads the tensors itself (in one copy).
 
     `repr(plan)` names the kernel and the configuration it holds.
     """
@@ -178,12 +180,24 @@ def _mla_decode(make_plan):
     return decode
 
 
+def _mla_extend(make_plan):
+    def extend(q, kv_cache, qo_indptr, page_table, seq_lens, *, scale, causal=True,
+               kv_lora_rank=512, kv_scale=None):
+        plan = make_plan(qo_indptr, page_table, seq_lens, num_heads=q.shape[1],
+                         kv_lora_rank=kv_lora_rank, rope_dim=q.shape[2] - kv_lora_rank,
+                         page_size=kv_cache.shape[1], scale=scale, causal=causal,
+                         kv_dtype=kv_cache.dtype, q_dtype=q.dtype)
+        return plan.run(q, kv_cache, kv_scale=kv_scale)
+    return extend
+
+
 # (family, op) -> adapter(plan factory) -> the op's one-shot kernel function (the calling
 # convention the public op uses for every backend of that op)
 ONE_SHOT: dict[tuple[str, str], Callable[[Callable[..., Plan]], Callable[..., Any]]] = {
     ("attention", "decode"): _attention_decode,
     ("attention", "extend"): _attention_extend,
     ("mla", "decode"): _mla_decode,
+    ("mla", "extend"): _mla_extend,
 }
 
 

@@ -12,6 +12,7 @@ import torch
 from ... import _check
 from ...registry import fmt, planned as _planned, select
 from .._common import load_backends
+from ..shared.host_lengths import host_copies, host_lengths
 
 BACKENDS = load_backends(__name__, __path__)
 
@@ -64,6 +65,7 @@ def extend(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
     seq_lens[b]-n_b..seq_lens[b]-1) over their paged latent prefix and themselves.
 
     q: [T, H, kv_lora_rank + rope_dim]; qo_indptr int32 [B + 1]. Returns o [T, H, kv_lora_rank].
+    Reads qo_indptr on the host (a sync on a GPU); `extend_plan` takes host copies instead.
     """
     _check.tensor("qo_indptr", qo_indptr, ndim=1, dtypes=(torch.int32,), device=q.device)
     prob = _problem(q, kv_cache, page_table, seq_lens, qo_indptr.shape[0] - 1, kv_lora_rank,
@@ -91,3 +93,48 @@ def decode_plan(page_table: torch.Tensor, seq_lens: torch.Tensor, *, num_heads: 
     if num_splits is not None:
         kw["num_splits"] = num_splits
     return _planned(kern)(page_table, seq_lens, **kw)
+
+
+def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor, *,
+                num_heads: int, kv_cache: torch.Tensor, scale: float,
+                q_dtype: torch.dtype = torch.bfloat16, causal: bool = True,
+                kv_lora_rank: int = 512, host_qo_indptr=None, host_seq_lens=None,
+                backend: str | None = None):
+    """Plan an MLA extend batch once, shared by every layer; `plan.run(q, kv_cache, *,
+    kv_scale=None, out=None)` returns o [T, H, kv_lora_rank]. Arguments as in `extend` and
+    `decode_plan` (kv_cache: any layer's cache, for its shape and dtype).
+
+    The plan needs the new-token counts on the host (its grid and split workspace depend on
+    them, never `run`). host_qo_indptr [B + 1], host_seq_lens [B]: host copies of qo_indptr
+    and seq_lens (lists, numpy arrays or CPU tensors of ints; both or neither), which the
+    caller promises hold the tensors' values (only their lengths are checked: comparing the
+    values would read the device); with them the plan reads nothing back from the device.
+    Without them it reads both tensors once (on a GPU, a sync with the stream), as the
+    one-shot `extend` does on every call.
+
+    >>> import torch, tskernels.ops.mla as mla
+    >>> cache = torch.randn(4, 16, 80)
+    >>> qo, lens = [0, 3], [20]
+    >>> plan = mla.extend_plan(torch.tensor(qo, dtype=torch.int32),
+    ...                        torch.tensor([[1, 2]], dtype=torch.int32),
+    ...                        torch.tensor(lens, dtype=torch.int32), num_heads=8,
+    ...                        kv_cache=cache, scale=0.1, q_dtype=torch.float32, kv_lora_rank=64,
+    ...                        host_qo_indptr=qo, host_seq_lens=lens, backend="reference")
+    >>> plan.run(torch.randn(3, 8, 80), cache).shape
+    torch.Size([3, 8, 64])
+    """
+    _check.tensor("qo_indptr", qo_indptr, ndim=1, dtypes=(torch.int32,),
+                  device=kv_cache.device)
+    B = qo_indptr.shape[0] - 1
+    q_like = torch.empty(0, num_heads, kv_cache.shape[2], dtype=q_dtype, device=kv_cache.device)
+    fp8 = kv_cache.dtype in _check.FP8
+    scale_like = torch.ones(1, device=kv_cache.device) if fp8 else None
+    prob = _problem(q_like, kv_cache, page_table, seq_lens, B, kv_lora_rank, scale_like)
+    host = host_copies(host_qo_indptr, host_seq_lens, B)
+    ptr, lens = host if host is not None else host_lengths(qo_indptr, seq_lens)
+    kern = select("mla", "extend", backend=backend, **prob)
+    return _planned(kern)(qo_indptr, page_table, seq_lens, num_heads=num_heads,
+                          kv_lora_rank=kv_lora_rank, rope_dim=kv_cache.shape[2] - kv_lora_rank,
+                          page_size=kv_cache.shape[1], scale=scale, causal=causal,
+                          kv_dtype=kv_cache.dtype, q_dtype=q_dtype, host_qo_indptr=ptr,
+                          host_seq_lens=lens)

@@ -11,6 +11,7 @@ partials are combined by the attention family's merge kernel (rows = (token, hea
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -150,7 +151,9 @@ class MLAPlan(PlanBase):
     """Per-batch MLA metadata and workspace (decode: qo_indptr = arange(B + 1); q_dtype is
     accepted for the plan interface and not needed: the kernel specialises on q at launch).
 
-    Reads qo_indptr on the host once here; `run` neither syncs nor allocates (given `out`).
+    The new-token counts come from `host_qo_indptr` (mla.extend_plan passes the caller's host
+    copy: no device read), else from qo_indptr read once here (a sync on a GPU; the decode plan
+    knows them: one token each). `run` neither syncs nor allocates (given `out`).
     """
 
     KERNEL = "mla.triton"
@@ -160,8 +163,15 @@ class MLAPlan(PlanBase):
                  page_size, scale, causal, max_seq_len=None, num_splits=None, block_r=None,
                  block_n=None, num_warps=None, num_stages=None, max_new_tokens=None,
                  fp8_asm=None, kv_dtype=None, q_dtype=None, waves_per_eu=None,
-                 matrix_instr_nonkdim=None):
+                 matrix_instr_nonkdim=None, host_qo_indptr=None, host_seq_lens=None):
         self.qo_indptr, self.page_table, self.seq_lens = qo_indptr, page_table, seq_lens
+        B = page_table.shape[0]
+        host_ptr = None  # (host_seq_lens: not needed, the kernel reads seq_lens on the device)
+        if max_new_tokens is None:
+            host_ptr = (np.asarray(host_qo_indptr, dtype=np.int64).reshape(-1)
+                        if host_qo_indptr is not None
+                        else qo_indptr.cpu().numpy().astype(np.int64))
+            max_new_tokens = int(np.diff(host_ptr).max()) if B else 0
         self.H, self.dc, self.dr, self.page_size = num_heads, kv_lora_rank, rope_dim, page_size
         self.scale, self.causal = scale, causal
         self.tuned_from = None
@@ -196,12 +206,9 @@ class MLAPlan(PlanBase):
         elif gpu and all(x is None for x in (block_r, block_n, num_warps, num_stages,
                                              num_splits)):
             # the tuned config (autotune tables), else the choices above through the space
-            B0 = page_table.shape[0]
-            if max_new_tokens is None:
-                max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B0 else 0
             ch = _tune.choice(
                 max_new_tokens == 1 and not causal, dev, heads=num_heads, kv_dtype=kv_dtype,
-                batch=B0, max_seq_len=max_seq_len or page_table.shape[1] * page_size,
+                batch=B, max_seq_len=max_seq_len or page_table.shape[1] * page_size,
                 new_tokens=max(1, max_new_tokens), nvidia=nvidia)
             if arch not in CDNA_ARCHS or ch.link != "heuristic":  # (CDNA: its own configs)
                 bn, nw, ns = ch.config["block_n"], ch.config["num_warps"], \
@@ -223,9 +230,6 @@ class MLAPlan(PlanBase):
         # whose shared memory the converted fp8 tile would overflow)
         self.fp8_asm = fp8_asm if fp8_asm is not None else \
             fp8 and cc >= (8, 9) and cc[0] != 10 and self.block_r <= 16
-        B = page_table.shape[0]
-        if max_new_tokens is None:
-            max_new_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if B else 0
         self.row_blocks = max(1, triton.cdiv(max_new_tokens * num_heads, self.block_r))
         if max_seq_len is None:
             max_seq_len = page_table.shape[1] * page_size
@@ -240,7 +244,12 @@ class MLAPlan(PlanBase):
         self.num_splits = num_splits
         self.batch = B
         if num_splits > 1:
-            T = int(qo_indptr[-1]) if max_new_tokens != 1 else B
+            if max_new_tokens == 1:
+                T = B
+            elif host_ptr is not None:
+                T = int(host_ptr[-1])
+            else:  # (a caller-given max_new_tokens: the tuner's runner)
+                T = int(qo_indptr[-1])
             self.partial_o = torch.empty(T * num_heads * num_splits, kv_lora_rank,
                                          dtype=torch.float32, device=dev)
             self.partial_lse = torch.empty(T * num_heads * num_splits, dtype=torch.float32,
@@ -326,20 +335,9 @@ TRAITS = {"kv_lora_rank": _pow2, "rope_dim": _pow2, "page_size": lambda p: 1 <= 
           "num_heads": lambda h: 1 <= h <= 128}
 
 
-def _plan(q, kv_cache, qo_indptr, page_table, seq_lens, scale, causal, kv_lora_rank, **kw):
-    return MLAPlan(qo_indptr, page_table, seq_lens, num_heads=q.shape[1],
-                   kv_dtype=kv_cache.dtype,
-                   kv_lora_rank=kv_lora_rank, rope_dim=kv_cache.shape[-1] - kv_lora_rank,
-                   page_size=kv_cache.shape[1], scale=scale, causal=causal, **kw)
-
-
-@register("mla", "extend", **TRITON, formats=FORMATS, traits=TRAITS,
-          tags=("deterministic", "throughput"), compile_cases=_cases)
-def extend(q, kv_cache, qo_indptr, page_table, seq_lens, *, scale, causal=True,
-           kv_lora_rank=512, kv_scale=None):
-    """Triton absorbed-MLA paged extend (causal per token)."""
-    plan = _plan(q, kv_cache, qo_indptr, page_table, seq_lens, scale, causal, kv_lora_rank)
-    return plan.run(q, kv_cache, kv_scale=kv_scale)
+register("mla", "extend", **TRITON, formats=FORMATS, traits=TRAITS,
+         tags=("deterministic", "throughput"), compile_cases=_cases, plan=MLAPlan,
+         description="Triton absorbed-MLA paged extend (causal per token).")
 
 
 def make_decode_plan(page_table, seq_lens, **kw) -> MLAPlan:
