@@ -113,7 +113,6 @@ class AttentionState:
         self._plan_args = dict(num_q_heads=num_q_heads, q_dtype=q_dtype, kv_scale_mode=mode)
         self._windowed: dict[int, tuple] = {}   # sliding window W -> (decode, extend) plans
         self.decode = self.extend = None
-        self.extend_args = None
         self.fuse_rope_store = fuses_rope_store(pool, nd, nr)
         if not pool.is_mla:
             like = pool.k[0]
@@ -135,8 +134,10 @@ class AttentionState:
                     kv_cache=like, scale=mla_scale, q_dtype=q_dtype, kv_lora_rank=kv_lora_rank,
                     max_seq_len=meta.max_seq_len)
             if nr > nd:
-                self.extend_args = (meta.qo_indptr[nd:] - nd, meta.page_table[nd:],
-                                    meta.seq_lens[nd:])
+                self.extend = tskernels.mla.extend_plan(
+                    meta.qo_indptr[nd:] - nd, meta.page_table[nd:], meta.seq_lens[nd:],
+                    num_heads=num_q_heads, kv_cache=like, scale=mla_scale, q_dtype=q_dtype,
+                    kv_lora_rank=kv_lora_rank, **meta.extend_host())
 
     def plans(self, sliding_window: int | None = None) -> tuple:
         """(decode, extend) plans of this step for layers attending to all keys (None) or to
@@ -204,16 +205,16 @@ class AttentionState:
 
     def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor, scale: float,
                     kv_lora_rank: int) -> torch.Tensor:
-        """Store the latent rows [T, W], attend with absorbed q [T, H, W] -> [T, H, kv_lora]."""
+        """Store the latent rows [T, W], attend with absorbed q [T, H, W] -> [T, H, kv_lora].
+        (The step's decode / extend plans hold scale and kv_lora_rank: the runner's, equal.)"""
         cache, s = self.pool.kv[layer], self.pool.scale
         tskernels.kvcache.store_mla(latent, cache, self.meta.slot_mapping, kv_scale=s)
         nd = self.num_decode_tokens
         parts = []
         if self.decode is not None:
             parts.append(self.decode.run(q[:nd], cache, kv_scale=s))
-        if self.extend_args is not None:
-            parts.append(tskernels.mla.extend(q[nd:], cache, *self.extend_args, scale=scale,
-                                              kv_lora_rank=kv_lora_rank, kv_scale=s))
+        if self.extend is not None:
+            parts.append(self.extend.run(q[nd:], cache, kv_scale=s))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
