@@ -6,6 +6,7 @@
 #             PDL launches, programs per SM, the CUDA kernel at M = 64, cuBLAS)
 #   ROPE_S:   benchmarks/s17_rope_store_gpu.py (fused q/k-norm + RoPE + KV store vs the
 #             separate launches)
+#   MLA_S:    benchmarks/s17_mla_sync_gpu.py (the MLA extend plan from host copies: no sync)
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs (hypothesis
 #             profile ci, -n 8) -> $OUT/s17_gpu_tier.json
 #   AB_S / AB_RUNS: B=1 decode through serve_ab, one engine process per AB_RUNS entry
@@ -26,6 +27,7 @@ stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s
   echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s17_$name.log" | cut -c1-300 | tail -${TAIL:-14}
 }
 stage fp8small "${FP8S_S:-0}" python benchmarks/s17_fp8_small_gpu.py "$OUT" $(( ${FP8S_S:-0} - 10 ))
+stage mla "${MLA_S:-0}" python benchmarks/s17_mla_sync_gpu.py "$OUT"
 stage rope "${ROPE_S:-0}" python benchmarks/s17_rope_store_gpu.py "$OUT" $(( ${ROPE_S:-0} - 10 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then
   args=(); for kv in ${TIER_KERNELS:-}; do args+=(--kernel "$kv"); done

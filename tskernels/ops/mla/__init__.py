@@ -112,7 +112,7 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
     Without them it reads both tensors once (on a GPU, a sync with the stream), as the
     one-shot `extend` does on every call.
 
-    >>> import torch, tskernels.ops.mla as mla
+    >>> import torch; from tskernels import mla
     >>> cache = torch.randn(4, 16, 80)
     >>> qo, lens = [0, 3], [20]
     >>> plan = mla.extend_plan(torch.tensor(qo, dtype=torch.int32),
