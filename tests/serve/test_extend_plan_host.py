@@ -13,24 +13,27 @@ KW = dict(device="cpu", dtype="float32", max_num_seqs=4, max_model_len=512, num_
           page_size=8, chunked_prefill_size=64)
 
 
-def test_extend_plans_get_the_uploaded_lengths_on_the_host(monkeypatch):
+def _spy_and_run(monkeypatch, family, model: str, seed: int, first_len: int, later_len: int,
+                 decode_tokens: int) -> list:
+    """Serve a prefill, a later turn over its cached prefix and a chunked prefill next to a
+    running decode; every `family.extend_plan` call as (qo_indptr, seq_lens, host copies)."""
     calls = []
-    real = tskernels.attention.extend_plan
+    real = family.extend_plan
 
     def spy(qo_indptr, page_table, seq_lens, **kw):
         calls.append((qo_indptr.tolist(), seq_lens.tolist(), kw.get("host_qo_indptr"),
                       kw.get("host_seq_lens")))
         return real(qo_indptr, page_table, seq_lens, **kw)
 
-    monkeypatch.setattr(tskernels.attention, "extend_plan", spy)
-    eng = Engine("dummy:tiny-llama", **KW)
-    rng = np.random.default_rng(0)
-    first = rng.integers(10, 200, 100).tolist()
-    eng.generate([first], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    monkeypatch.setattr(family, "extend_plan", spy)
+    eng = Engine(model, **KW)
+    rng = np.random.default_rng(seed)
+    first = rng.integers(10, 200, first_len).tolist()
+    eng.generate([first], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     eng.add_request("a", rng.integers(10, 200, 20).tolist(),
-                    SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+                    SamplingParams(max_tokens=decode_tokens, temperature=0.0, ignore_eos=True))
     eng.step()
-    eng.add_request("b", first + rng.integers(10, 200, 90).tolist(),   # cached prefix
+    eng.add_request("b", first + rng.integers(10, 200, later_len).tolist(),   # cached prefix
                     SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     while eng.has_unfinished():
         eng.step()
@@ -39,37 +42,18 @@ def test_extend_plans_get_the_uploaded_lengths_on_the_host(monkeypatch):
         assert host_ptr is not None and host_lens is not None
         assert list(host_ptr) == ptr and list(host_lens) == lens
     assert any(p[0] == 0 and len(p) > 1 and lens[0] > p[1] for p, lens, *_ in calls)
+    return calls
+
+
+def test_extend_plans_get_the_uploaded_lengths_on_the_host(monkeypatch):
+    _spy_and_run(monkeypatch, tskernels.attention, "dummy:tiny-llama", 0, 100, 90, 12)
 
 
 def test_mla_extend_plan_gets_the_uploaded_lengths_on_the_host(monkeypatch):
     """DeepSeek-like (MLA): one extend plan per prefill / mixed step, built from the host copies
     and shared by the layers (the one-shot mla.extend, which reads the lengths, is not called)."""
-    calls = []
-    real = tskernels.mla.extend_plan
-
-    def spy(qo_indptr, page_table, seq_lens, **kw):
-        calls.append((qo_indptr.tolist(), seq_lens.tolist(), kw.get("host_qo_indptr"),
-                      kw.get("host_seq_lens")))
-        return real(qo_indptr, page_table, seq_lens, **kw)
-
     def one_shot(*a, **k):
         raise AssertionError("serving called the one-shot mla.extend")
 
-    monkeypatch.setattr(tskernels.mla, "extend_plan", spy)
     monkeypatch.setattr(tskernels.mla, "extend", one_shot)
-    eng = Engine("dummy:tiny-deepseek-v3", **KW)
-    rng = np.random.default_rng(1)
-    first = rng.integers(10, 200, 70).tolist()
-    eng.generate([first], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    eng.add_request("a", rng.integers(10, 200, 20).tolist(),
-                    SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    eng.step()
-    eng.add_request("b", first + rng.integers(10, 200, 80).tolist(),   # cached prefix
-                    SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
-    while eng.has_unfinished():
-        eng.step()
-    assert len(calls) >= 4
-    for ptr, lens, host_ptr, host_lens in calls:
-        assert host_ptr is not None and host_lens is not None
-        assert list(host_ptr) == ptr and list(host_lens) == lens
-    assert any(p[0] == 0 and len(p) > 1 and lens[0] > p[1] for p, lens, *_ in calls)
+    _spy_and_run(monkeypatch, tskernels.mla, "dummy:tiny-deepseek-v3", 1, 70, 80, 8)
