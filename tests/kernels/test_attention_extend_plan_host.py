@@ -246,19 +246,25 @@ def test_host_copies_select_like_the_tensors(monkeypatch):
     assert seen == [True, True, False, False]
 
 
+def bad_host_copies(ptr: list, lens: list) -> list:
+    """(extend_plan keywords, error, message) for host copies of a 4-request batch that every
+    extend plan refuses (ops/shared/host_lengths.host_copies; the MLA tests take them too)."""
+    return [
+        (dict(host_qo_indptr=ptr), ValueError, "both"),
+        (dict(host_seq_lens=lens), ValueError, "both"),
+        (dict(host_qo_indptr=ptr[:-1], host_seq_lens=lens), ValueError,
+         r"host_qo_indptr: expected 5 values \(batch 4\)"),
+        (dict(host_qo_indptr=ptr, host_seq_lens=lens + [3]), ValueError,
+         r"host_seq_lens: expected 4 values"),
+        (dict(host_qo_indptr=np.array([ptr]), host_seq_lens=lens), ValueError,
+         "host_qo_indptr: expected 5 values"),
+        (dict(host_qo_indptr=[float(x) for x in ptr], host_seq_lens=lens), TypeError,
+         "host_qo_indptr: expected integers")]
+
+
 def test_bad_host_copies():
     kv, qo, ptr, lens = _batch()
-    for host, err, match in (
-            (dict(host_qo_indptr=ptr), ValueError, "both"),
-            (dict(host_seq_lens=lens), ValueError, "both"),
-            (dict(host_qo_indptr=ptr[:-1], host_seq_lens=lens), ValueError,
-             r"host_qo_indptr: expected 5 values \(batch 4\)"),
-            (dict(host_qo_indptr=ptr, host_seq_lens=lens + [3]), ValueError,
-             r"host_seq_lens: expected 4 values"),
-            (dict(host_qo_indptr=np.array([ptr]), host_seq_lens=lens), ValueError,
-             "host_qo_indptr: expected 5 values"),
-            (dict(host_qo_indptr=[float(x) for x in ptr], host_seq_lens=lens), TypeError,
-             "host_qo_indptr: expected integers")):
+    for host, err, match in bad_host_copies(ptr, lens):
         with pytest.raises(err, match=match):
             _plan(kv, qo, "reference", **host)
 

@@ -11,6 +11,8 @@ import torch
 import tskernels.ops.mla as mla
 from tskernels.testing.problems import paged_kv
 
+from .test_attention_extend_plan_host import bad_host_copies
+
 RANK, ROPE = 64, 16
 
 
@@ -79,17 +81,7 @@ def test_no_host_read_with_host_copies(backend):
 
 def test_bad_host_copies():
     kv, cache, qo, q, ptr, lens = _batch(torch.float32)
-    for host, err, match in (
-            (dict(host_qo_indptr=ptr), ValueError, "both"),
-            (dict(host_seq_lens=lens), ValueError, "both"),
-            (dict(host_qo_indptr=ptr[:-1], host_seq_lens=lens), ValueError,
-             r"host_qo_indptr: expected 5 values \(batch 4\)"),
-            (dict(host_qo_indptr=ptr, host_seq_lens=lens + [3]), ValueError,
-             r"host_seq_lens: expected 4 values"),
-            (dict(host_qo_indptr=np.array([ptr]), host_seq_lens=lens), ValueError,
-             "host_qo_indptr: expected 5 values"),
-            (dict(host_qo_indptr=[float(x) for x in ptr], host_seq_lens=lens), TypeError,
-             "host_qo_indptr: expected integers")):
+    for host, err, match in bad_host_copies(ptr, lens):
         for backend in ("triton", "reference"):
             with pytest.raises(err, match=match):
                 _plan(kv, cache, qo, q.shape[1], backend, **host)

@@ -262,19 +262,19 @@ def extend_plan(qo_indptr: torch.Tensor, page_table: torch.Tensor, seq_lens: tor
     if host is None:
         host = _v.host_lengths(qo_indptr, seq_lens)
     ptr, lens = host
-    prefix = B > 0 and bool((lens != ptr[1:] - ptr[:-1]).any())
     kern = _select_planned("extend", k_cache, num_q_heads, q_dtype, params, kv_scale_mode,
-                           backend, extra={"causal": causal, "prefix": prefix})
+                           backend, extra={"causal": causal, "prefix": _has_prefix(ptr, lens)})
     return _planned(kern)(qo_indptr, page_table, seq_lens, num_q_heads=num_q_heads,
                           num_kv_heads=hkv, head_dim=d, page_size=page_size, q_dtype=q_dtype,
                           kv_dtype=k_cache.dtype, host_qo_indptr=ptr, host_seq_lens=lens,
                           **params.plan_kwargs(d, with_causal=True))
 
 
-def _has_prefix(qo_indptr: torch.Tensor, seq_lens: torch.Tensor) -> bool:
-    """Whether any request of an extend batch has cached tokens before its new ones (a host
-    read, at plan time: backends that serve prefill only select on it)."""
-    if qo_indptr.numel() < 2:
+def _has_prefix(qo_indptr, seq_lens) -> bool:
+    """Whether any request of an extend batch has cached tokens before its new ones (backends
+    that serve prefill only select on it). Tensors (a host read when on a device: the one-shot
+    `extend`) or their host copies (`extend_plan`)."""
+    if len(qo_indptr) < 2:
         return False
     return bool((seq_lens != qo_indptr[1:] - qo_indptr[:-1]).any())
 

@@ -105,4 +105,3 @@ def new_kv(k, v, num_rows, k_cache):
             raise ValueError(f"{name}: each row's heads must be packed ([T, Hkv, D] with "
                              f"strides (any, D, 1)), got strides {tuple(t.stride())}")
     return True
-
