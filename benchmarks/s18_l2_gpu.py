@@ -9,9 +9,9 @@ Variants (fork = the branch starts after everything enqueued so far; join = the 
 - base: no prefetch (what ships);
 - o: the whole o_proj (32 MB) forked after the qkv gemv, joined before the o gemv;
 - o_late: the same forked after the RoPE + store launch;
-- o+gu{T}: o, plus gate-up's first T tiles per program forked after the attention (so they
+- o+gu2: o, plus gate-up's first 2 tiles per program forked after the attention (so they
   load while the o gemv reads L2), joined before the gate-up gemv;
-- o+gu4+dn4: and down's first 4 tiles per program forked after the gate-up gemv.
+- o+gu2+dn2: and down's first 2 tiles per program forked after the gate-up gemv.
 Every variant is first checked equal to base (eager, and a replayed CUDA graph with NaN-
 poisoned outputs). Timing: back-to-back layers in one graph cycling through 4 weight copies
 (436 MB each), median µs per layer; the copy roofline of the same process. JSON:
@@ -39,9 +39,8 @@ VARIANTS = {
     "base": (None, 0, 0),
     "o": ("qkv", 0, 0),
     "o_late": ("rope", 0, 0),
-    "o+gu4": ("qkv", 4, 0),
-    "o+gu8": ("qkv", 8, 0),
-    "o+gu4+dn4": ("qkv", 4, 4),
+    "o+gu2": ("qkv", 2, 0),
+    "o+gu2+dn2": ("qkv", 2, 2),
 }
 
 
@@ -109,10 +108,12 @@ def weights(g) -> dict:
 
 
 def check(layer, w, want, name):
+    """Equal to the base variant within bf16 tolerance (the split-K gemvs add their fp32
+    partials in arrival order, so two runs of one variant differ in the last bits)."""
+    from tskernels.numerics import assert_close
     got = layer(w)
     for a, b in zip(got, want):
-        if not torch.equal(a, b):
-            raise AssertionError(f"{name} eager differs: max {(a.float() - b.float()).abs().max()}")
+        assert_close(a, b.double(), dtype=DTYPE, name=f"{name} eager")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -127,8 +128,7 @@ def check(layer, w, want, name):
         graph.replay()
         torch.cuda.synchronize()
         for a, b in zip(outs, want):
-            if not torch.equal(a, b):
-                raise AssertionError(f"{name} graph replay differs")
+            assert_close(a, b.double(), dtype=DTYPE, name=f"{name} graph replay")
 
 
 def main() -> int:
@@ -147,9 +147,8 @@ def main() -> int:
     from tskernels.ops.gemm import triton_gemv
     res["prefetch_MB"] = {
         "o": l2.nbytes(w0["o"]) / 1e6,
-        **{f"gu{t}": l2.nbytes(w0["gu"], *triton_gemv.first_tiles(1, w0["gu"], t)) / 1e6
-           for t in (4, 8)},
-        "dn4": l2.nbytes(w0["down"], *triton_gemv.first_tiles(1, w0["down"], 4)) / 1e6}
+        "gu2": l2.nbytes(w0["gu"], *triton_gemv.first_tiles(1, w0["gu"], 2)) / 1e6,
+        "dn2": l2.nbytes(w0["down"], *triton_gemv.first_tiles(1, w0["down"], 2)) / 1e6}
     wbytes = sum(t.numel() * 2 for t in w0.values())
     res["weight_MB"] = round(wbytes / 1e6, 1)
     want = [t.clone() for t in layer(w0)]
