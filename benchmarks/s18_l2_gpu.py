@@ -9,6 +9,8 @@ Variants (fork = the branch starts after everything enqueued so far; join = the 
 - base: no prefetch (what ships);
 - o: the whole o_proj (32 MB) forked after the qkv gemv, joined before the o gemv;
 - o_late: the same forked after the RoPE + store launch;
+- o_inline / o_inline_rope: the prefetch launched on the main stream after the qkv gemv / the
+  RoPE + store (what follows waits for it);
 - o+gu2: o, plus gate-up's first 2 tiles per program forked after the attention (so they
   load while the o gemv reads L2), joined before the gate-up gemv;
 - o+gu2+dn2: and down's first 2 tiles per program forked after the gate-up gemv.
@@ -39,6 +41,8 @@ VARIANTS = {
     "base": (None, 0, 0),
     "o": ("qkv", 0, 0),
     "o_late": ("rope", 0, 0),
+    "o_inline": ("inline", 0, 0),
+    "o_inline_rope": ("inline_rope", 0, 0),
     "o+gu2": ("qkv", 2, 0),
     "o+gu2+dn2": ("qkv", 2, 2),
 }
@@ -55,6 +59,7 @@ def _rnd(g, *shape, scale=1.0):
 
 def make(g):
     import tskernels
+    from tskernels.ops.shared import l2
     pages = MAX_LEN // PAGE + 1
     kc, vc = _rnd(g, pages, PAGE, KV_HEADS, HEAD_DIM), _rnd(g, pages, PAGE, KV_HEADS, HEAD_DIM)
     perm = torch.randperm(pages, device=DEV, generator=g)
@@ -76,12 +81,16 @@ def make(g):
         h, r = tskernels.norm.fused_add_rmsnorm(x, res, w["ln1"], 1e-5)
         qkv = gemm.gemv(h, w["qkv"])
         pf_o = gemm.prefetch_weights(w["o"]) if o_at == "qkv" else None
+        if o_at == "inline":  # on the main stream: the next launches wait for it
+            l2.launch(w["o"])
         q, k, v = qkv.split([q_n, kv_n, kv_n], dim=-1)
         q = tskernels.attention.rope_store_kv(
             q.view(1, HEADS, HEAD_DIM), k.view(1, KV_HEADS, HEAD_DIM),
             v.view(1, KV_HEADS, HEAD_DIM), pos, cache, kc, vc, slot)
         if o_at == "rope":
             pf_o = gemm.prefetch_weights(w["o"])
+        if o_at == "inline_rope":
+            l2.launch(w["o"])
         a = plan.run(q, kc, vc).view(1, -1)
         pf_gu = gemm.prefetch_weights(w["gu"], tiles=gu_t) if gu_t else None
         if pf_o is not None:
@@ -167,6 +176,18 @@ def main() -> int:
             traceback.print_exc()
         print(f"{name}: {res['checks'][name]} {res['us'].get(name)}", flush=True)
     cfg["v"] = VARIANTS["base"]
+    # the o gemv alone: weights rotated past L2 vs one L2-resident copy; the prefetch alone
+    if left(budget) > 15:
+        a = _rnd(g, 1, HEADS * HEAD_DIM)
+        gemv = __import__("tskernels").gemm.gemv
+        res["o_gemv_us"] = {
+            "rotated": round(statistics.median(core.time_fn(
+                lambda w: gemv(a, w["o"]), sets, "cuda", iters=200, graph=True)), 2),
+            "l2_hot": round(statistics.median(core.time_fn(
+                lambda w: gemv(a, w["o"]), [w0], "cuda", iters=200, graph=True)), 2),
+            "prefetch_kernel_rotated": round(statistics.median(core.time_fn(
+                lambda w: l2.launch(w["o"]), sets, "cuda", iters=200, graph=True)), 2)}
+        print(f"o gemv alone: {res['o_gemv_us']}", flush=True)
     # base again at the end (drift)
     if left(budget) > 10:
         res["us"]["base_again"] = [round(statistics.median(
