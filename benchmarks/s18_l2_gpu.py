@@ -11,6 +11,8 @@ Variants (fork = the branch starts after everything enqueued so far; join = the 
 - o_late: the same forked after the RoPE + store launch;
 - o_inline / o_inline_rope: the prefetch launched on the main stream after the qkv gemv / the
   RoPE + store (what follows waits for it);
+- o_bulk / o_bulk_early: a chained (PDL) launch after the qkv gemv issuing 32 KB
+  cp.async.bulk.prefetch.L2 per thread after / before waiting for the qkv gemv;
 - o+gu2: o, plus gate-up's first 2 tiles per program forked after the attention (so they
   load while the o gemv reads L2), joined before the gate-up gemv;
 - o+gu2+dn2: and down's first 2 tiles per program forked after the gate-up gemv.
@@ -43,6 +45,8 @@ VARIANTS = {
     "o_late": ("rope", 0, 0),
     "o_inline": ("inline", 0, 0),
     "o_inline_rope": ("inline_rope", 0, 0),
+    "o_bulk": ("bulk", 0, 0),
+    "o_bulk_early": ("bulk_early", 0, 0),
     "o+gu2": ("qkv", 2, 0),
     "o+gu2+dn2": ("qkv", 2, 2),
 }
@@ -83,6 +87,8 @@ def make(g):
         pf_o = gemm.prefetch_weights(w["o"]) if o_at == "qkv" else None
         if o_at == "inline":  # on the main stream: the next launches wait for it
             l2.launch(w["o"])
+        if o_at in ("bulk", "bulk_early"):  # chained bulk prefetch on the main stream
+            l2.launch_bulk(w["o"], early=o_at == "bulk_early")
         q, k, v = qkv.split([q_n, kv_n, kv_n], dim=-1)
         q = tskernels.attention.rope_store_kv(
             q.view(1, HEADS, HEAD_DIM), k.view(1, KV_HEADS, HEAD_DIM),
@@ -186,7 +192,12 @@ def main() -> int:
             "l2_hot": round(statistics.median(core.time_fn(
                 lambda w: gemv(a, w["o"]), [w0], "cuda", iters=200, graph=True)), 2),
             "prefetch_kernel_rotated": round(statistics.median(core.time_fn(
-                lambda w: l2.launch(w["o"]), sets, "cuda", iters=200, graph=True)), 2)}
+                lambda w: l2.launch(w["o"]), sets, "cuda", iters=200, graph=True)), 2),
+            "bulk_kernel_rotated": round(statistics.median(core.time_fn(
+                lambda w: l2.launch_bulk(w["o"]), sets, "cuda", iters=200, graph=True)), 2),
+            "bulk_then_gemv_rotated": round(statistics.median(core.time_fn(
+                lambda w: (l2.launch_bulk(w["o"]), gemv(a, w["o"])), sets, "cuda", iters=200,
+                graph=True)), 2)}
         print(f"o gemv alone: {res['o_gemv_us']}", flush=True)
     # base again at the end (drift)
     if left(budget) > 10:

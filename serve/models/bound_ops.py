@@ -44,6 +44,9 @@ ROPE_STORE_BACKEND: str | None = None
 # of their programs during the kernels before them. Empty: off (until its H200 A/B).
 L2_PREFETCH: frozenset[str] = frozenset()
 L2_PREFETCH_TILES = 4
+# the whole-matrix prefetch ("o") as one chained launch on the step's stream (bulk L2
+# prefetches issued once the qkv gemv is done) instead of a forked branch
+L2_PREFETCH_CHAINED = False
 # bf16 only: the fused RMSNorm rounds x * norm_weight (before rstd) to the operand dtype,
 # which in fp16 can overflow on a large residual stream where the normed x would not
 _FUSED_DTYPES = (torch.bfloat16,)
@@ -118,7 +121,8 @@ def prefetch(name: str, x: torch.Tensor, w: torch.Tensor):
             x.dtype != w.dtype or not _gemv_fits(x, w, None):
         return None
     return tskernels.gemm.prefetch_weights(w, rows=x.shape[0],
-                                           tiles=None if name == "o" else L2_PREFETCH_TILES)
+                                           tiles=None if name == "o" else L2_PREFETCH_TILES,
+                                           chained=L2_PREFETCH_CHAINED)
 
 
 def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor):

@@ -95,13 +95,17 @@ def gemv(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
     return (c + residual.to(c.dtype)).to(out_dtype or a.dtype)
 
 
-def prefetch_weights(b: torch.Tensor, *, rows: int = 1, tiles: int | None = None):
+def prefetch_weights(b: torch.Tensor, *, rows: int = 1, tiles: int | None = None,
+                     chained: bool = False):
     """Ask L2 for gemv weights b [N, K] on a side branch of the current stream while the
     kernels enqueued next (small ones, moving few bytes) run; returns a handle whose `join()`
     makes the current stream wait for the branch: call it before the gemv that reads b.
 
     tiles None: the whole of b (keep it under the L2 size); an int: the first `tiles` weight
     tiles of every program of the Triton gemv's launch for `rows` rows (what it reads first).
+    chained: instead of a branch, one chained launch on the current stream (the whole of a
+    contiguous b by bulk L2 prefetches issued once the kernel before it is done; the next
+    launch waits only for that issue); the handle's join() is then a no-op.
     Values never change: on devices without the prefetch (CPU, the interpreter, ROCm) nothing
     is launched and `join()` does nothing. Graph-capturable (a forked and joined side stream).
     """
@@ -111,6 +115,10 @@ def prefetch_weights(b: torch.Tensor, *, rows: int = 1, tiles: int | None = None
     if tiles is not None and (not isinstance(tiles, int) or tiles <= 0):
         raise ValueError(f"tiles: a positive int or None, got {tiles!r}")
     from ..shared import l2
+    if chained:
+        if l2.available(b.device):
+            l2.launch_bulk(b)
+        return l2.no_join()
     cols = k_split = None
     if tiles is not None and l2.available(b.device):
         cols, k_split = triton_gemv.first_tiles(rows, b, tiles)

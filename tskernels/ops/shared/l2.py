@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 
 from ...compile import CompileCase
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from .pdl import prefetch_l2, supported
 
 LINE = 128  # bytes per L2 line asked for
@@ -38,6 +40,41 @@ def _prefetch_kernel(w_ptr, N, COLS, K_SPLIT, stride_w,
     cols = tl.arange(0, LINES) * LINE_ELEMS
     ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_w + (c0 + cols)[None, :]
     prefetch_l2(ptrs, (rows < N)[:, None] & (cols < COLS)[None, :])
+
+
+@triton.jit
+def _bulk_prefetch_kernel(w_ptr, NBYTES, CHUNK: tl.constexpr, PDL: tl.constexpr,
+                          EARLY: tl.constexpr):
+    """The NBYTES bytes at w_ptr (16-byte aligned, a multiple of 16) into L2, one
+    cp.async.bulk.prefetch.L2 of CHUNK bytes per thread (sm_90+). PDL: a chained launch that
+    triggers its dependents at once, waits for its predecessor (before the prefetches, or after
+    them with EARLY) and so completes only after it, keeping the chain's order."""
+    if PDL:
+        gdc_launch_dependents()
+        if not EARLY:
+            gdc_wait()
+    off = (tl.program_id(0) * 32 + tl.arange(0, 32)).to(tl.int64) * CHUNK
+    size = tl.minimum(NBYTES - off, CHUNK).to(tl.int32)
+    ptrs = w_ptr.to(tl.pointer_type(tl.int8)) + off
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r", [ptrs, size], dtype=tl.int32, is_pure=False, pack=1)
+    if PDL and EARLY:
+        gdc_wait()
+
+
+BULK_CHUNK = 32768
+
+
+def launch_bulk(w: torch.Tensor, early: bool = False) -> None:
+    """The whole of contiguous w into L2 as a chained launch on the current stream (see
+    _bulk_prefetch_kernel); NVIDIA sm_90+ only."""
+    if not w.is_contiguous() or w.data_ptr() % 16 or (w.numel() * w.element_size()) % 16:
+        raise ValueError("l2 bulk prefetch: a contiguous tensor, 16-byte aligned and sized")
+    nbytes = w.numel() * w.element_size()
+    _bulk_prefetch_kernel[(triton.cdiv(nbytes, 32 * BULK_CHUNK),)](
+        w, nbytes, CHUNK=BULK_CHUNK, PDL=True, EARLY=early, num_warps=1, launch_pdl=True)
 
 
 def _plan(w: torch.Tensor, cols: int | None, k_split: int | None) -> tuple:
@@ -86,6 +123,11 @@ class _Join:
 _side: dict[torch.device, torch.cuda.Stream] = {}
 
 
+def no_join() -> _Join:
+    """A handle whose join() does nothing (nothing was forked)."""
+    return _Join()
+
+
 def available(device: torch.device) -> bool:
     """Whether prefetch_async launches anything on `device` (NVIDIA sm_90+ CUDA)."""
     return supported(device)
@@ -119,4 +161,7 @@ def compile_cases() -> list[CompileCase]:
                         dict(BR=BLOCK_ROWS, LINES=64, LINE_ELEMS=64), num_warps=4,
                         aligned=("N", "COLS", "K_SPLIT", "stride_w"),
                         targets=("sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
-                        label="bf16 rows x 64 lines")]
+                        label="bf16 rows x 64 lines"),
+            CompileCase(_bulk_prefetch_kernel, {"w_ptr": "*bf16", "NBYTES": "i64"},
+                        dict(CHUNK=BULK_CHUNK, PDL=True, EARLY=False), num_warps=1,
+                        targets=("sm_90", "sm_100", "sm_120"), label="bulk pdl")]
