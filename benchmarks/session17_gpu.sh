@@ -14,7 +14,6 @@
 #   AGENTIC_S: benchmarks/agentic_engine_bench.py (later-turn TTFT x 5, B=1 ITL at ~53k, host
 #             gap with lookahead) on the dummy Llama-3-8B 64k config
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
-#   L2_S:     benchmarks/s18_l2_gpu.py (session 18: L2 prefetch branches in a decode layer)
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 # the device returns at most 8 files (the first 8 by name): the stages write under $OUT/raw,
@@ -28,7 +27,6 @@ stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s
   echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s17_$name.log" | cut -c1-300 | tail -${TAIL:-14}
 }
 stage fp8small "${FP8S_S:-0}" python benchmarks/s17_fp8_small_gpu.py "$OUT" $(( ${FP8S_S:-0} - 10 ))
-stage l2 "${L2_S:-0}" python benchmarks/s18_l2_gpu.py "$OUT" $(( ${L2_S:-0} - 10 ))
 stage mla "${MLA_S:-0}" python benchmarks/s17_mla_sync_gpu.py "$OUT"
 stage rope "${ROPE_S:-0}" python benchmarks/s17_rope_store_gpu.py "$OUT" $(( ${ROPE_S:-0} - 10 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then

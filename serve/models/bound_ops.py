@@ -38,15 +38,6 @@ FUSED_BACKEND: str | None = "triton"
 # attention.rope_store_kv (decode steps: serve.forward_batch.FUSED_ROPE_STORE): the registry's
 # choice (run-verified on the H200, session 17); a backend name here forces one
 ROPE_STORE_BACKEND: str | None = None
-# L2 prefetch of decode gemv weights on a side branch of the stream while the small kernels
-# before the gemv run (tskernels.gemm.prefetch_weights): "o" asks for the whole o_proj during
-# RoPE + K/V store + attention, "gate_up" / "down" for the first L2_PREFETCH_TILES tiles of each
-# of their programs during the kernels before them. Empty: off (until its H200 A/B).
-L2_PREFETCH: frozenset[str] = frozenset()
-L2_PREFETCH_TILES = 4
-# the whole-matrix prefetch ("o") as one chained launch on the step's stream (bulk L2
-# prefetches issued once the qkv gemv is done) instead of a forked branch
-L2_PREFETCH_CHAINED = False
 # bf16 only: the fused RMSNorm rounds x * norm_weight (before rstd) to the operand dtype,
 # which in fp16 can overflow on a large residual stream where the normed x would not
 _FUSED_DTYPES = (torch.bfloat16,)
@@ -110,19 +101,6 @@ def fuse_silu_down(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (FUSE_SILU_DOWN and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
             x.shape[0] <= min(FUSE_DECODE_MAX_M, tskernels.gemm.GEMV_MAX_M) and
             _gemv_fits(x, w, None))
-
-
-def prefetch(name: str, x: torch.Tensor, w: torch.Tensor):
-    """A join handle for the L2 prefetch of gemv weights w for rows x (L2_PREFETCH names it,
-    a GPU, decode rows, 16-bit weights the gemv kernel takes), else None."""
-    if name not in L2_PREFETCH or x.device.type == "cpu" or \
-            x.shape[0] > tskernels.gemm.GEMV_MAX_M or w.dtype not in (torch.float16,
-                                                                   torch.bfloat16) or \
-            x.dtype != w.dtype or not _gemv_fits(x, w, None):
-        return None
-    return tskernels.gemm.prefetch_weights(w, rows=x.shape[0],
-                                           tiles=None if name == "o" else L2_PREFETCH_TILES,
-                                           chained=L2_PREFETCH_CHAINED)
 
 
 def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor):

@@ -256,16 +256,12 @@ class PagedAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         att = batch.attention
         if att.fuse_rope_store:  # decode-only step on a GPU: norm + RoPE + store, one launch
-            # o_proj's weights into L2 beside the small kernels (bound_ops.L2_PREFETCH)
-            pf = ops.prefetch("o", qkv, self.o_proj.weight) if self.o_proj.plain() else None
             qn, kn = self.q_norm, self.k_norm
             o = att.forward_rope_store(
                 self.layer_id, q, k, v, batch.positions, self.rotary.table,
                 style=self.rotary.style, q_norm_weight=None if qn is None else qn.weight,
                 k_norm_weight=None if kn is None else kn.weight,
                 eps=1e-6 if qn is None else qn.eps, sliding_window=self.sliding_window)
-            if pf is not None:
-                pf.join()
             return o.view(t, -1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -27,7 +27,7 @@ from .q4w import q4w_mm, quantize_q4_groups
 
 __all__ = ["fp8_block_mm", "gemv", "int8w_mm", "mm", "q4w_mm", "quantize_fp8_block",
            "quantize_fp8_per_channel", "quantize_fp8_per_tensor", "quantize_fp8_per_token_group",
-           "prefetch_weights", "quantize_int8_per_channel", "quantize_q4_groups", "rmsnorm_gemv",
+           "quantize_int8_per_channel", "quantize_q4_groups", "rmsnorm_gemv",
            "silu_and_mul_quantize_fp8", "silu_mul_gemv"]
 
 GEMV_MAX_M = 16
@@ -93,36 +93,6 @@ def gemv(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = No
     # a backend without the fused epilogue: its fp32 product plus the residual, rounded once
     c = kern(a, b, out_dtype=torch.float64 if a.dtype == torch.float64 else torch.float32)
     return (c + residual.to(c.dtype)).to(out_dtype or a.dtype)
-
-
-def prefetch_weights(b: torch.Tensor, *, rows: int = 1, tiles: int | None = None,
-                     chained: bool = False):
-    """Ask L2 for gemv weights b [N, K] on a side branch of the current stream while the
-    kernels enqueued next (small ones, moving few bytes) run; returns a handle whose `join()`
-    makes the current stream wait for the branch: call it before the gemv that reads b.
-
-    tiles None: the whole of b (keep it under the L2 size); an int: the first `tiles` weight
-    tiles of every program of the Triton gemv's launch for `rows` rows (what it reads first).
-    chained: instead of a branch, one chained launch on the current stream (the whole of a
-    contiguous b by bulk L2 prefetches issued once the kernel before it is done; the next
-    launch waits only for that issue); the handle's join() is then a no-op.
-    Values never change: on devices without the prefetch (CPU, the interpreter, ROCm) nothing
-    is launched and `join()` does nothing. Graph-capturable (a forked and joined side stream).
-    """
-    _check.tensor("b", b, dtypes=(torch.float16, torch.bfloat16, torch.float32), ndim=2)
-    if b.stride(1) != 1:
-        raise ValueError(f"b: prefetch_weights needs a unit column stride, got {b.stride()}")
-    if tiles is not None and (not isinstance(tiles, int) or tiles <= 0):
-        raise ValueError(f"tiles: a positive int or None, got {tiles!r}")
-    from ..shared import l2
-    if chained:
-        if l2.available(b.device):
-            l2.launch_bulk(b)
-        return l2.no_join()
-    cols = k_split = None
-    if tiles is not None and l2.available(b.device):
-        cols, k_split = triton_gemv.first_tiles(rows, b, tiles)
-    return l2.prefetch_async(b, cols, k_split)
 
 
 def _fused_gemv(op: str, x: torch.Tensor, b: torch.Tensor, k: int, out_dtype, residual,

@@ -36,7 +36,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from autotune import backend_options
 
 from ...compile import CompileCase
-from ..shared import l2
 from ..shared.pdl import prefetch_l2
 from . import _tune
 
@@ -268,15 +267,6 @@ def plan(m: int, n: int, k: int, fp8: bool, device: torch.device, config: dict |
     return cfg, split, per * cfg["BK"]
 
 
-def first_tiles(m: int, w: torch.Tensor, tiles: int | None) -> tuple[int | None, int | None]:
-    """(cols, k_split) for shared.l2.prefetch_async: the first `tiles` weight tiles of every
-    program of stream_mm's launch for M = m rows on w [N, K] (None: the whole matrix)."""
-    if tiles is None:
-        return None, None
-    cfg, _, k_split = plan(m, w.shape[0], w.shape[1], False, w.device)
-    return tiles * cfg["BK"], k_split
-
-
 def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
               residual: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
               w_scale: torch.Tensor | None = None, block: int = 128,
@@ -351,8 +341,6 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             for arch, cfg in CDNA_STREAM_CONFIGS.items() for c in cases[:2]]
         cases = [c if c.targets else dataclasses.replace(c, targets=_NVIDIA_TARGETS)
                  for c in cases] + cdna
-        # the L2 prefetch that feeds the 16-bit gemvs (gemm.prefetch_weights)
-        cases += l2.compile_cases()
     return cases
 
 
