@@ -10,7 +10,9 @@ from tskernels.bench.cli import main
 def test_bench_tune_then_repeat(tmp_path, monkeypatch, kernel_device):
     monkeypatch.setenv("TSKERNELS_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "tuned.json"
-    shape = "N=1,H=1,D=16,dtype=" + ("fp16" if kernel_device == "cpu" else "bf16")
+    # D = 64: on a GPU (32-lane warps) merge_states' space prunes the launches with more
+    # threads than 2 x D columns, so D = 16 left one candidate there and D = 64 leaves three
+    shape = "N=1,H=1,D=64,dtype=" + ("fp16" if kernel_device == "cpu" else "bf16")
     argv = ["--tune", "attention.merge_states", "--shapes", shape, "--device", kernel_device,
             "--limit", "2", "--json", str(out)]
     assert main(argv) == 0
