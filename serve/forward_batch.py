@@ -203,10 +203,10 @@ class AttentionState:
                                     eps=eps)
         return decode.run(q, kc, vc)
 
-    def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor, scale: float,
-                    kv_lora_rank: int) -> torch.Tensor:
+    def forward_mla(self, layer: int, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """Store the latent rows [T, W], attend with absorbed q [T, H, W] -> [T, H, kv_lora].
-        (The step's decode / extend plans hold scale and kv_lora_rank: the runner's, equal.)"""
+        The softmax scale and kv_lora_rank are the step's plans' (the runner's, which checks at
+        load that every MLA layer has the same)."""
         cache, s = self.pool.kv[layer], self.pool.scale
         tskernels.kvcache.store_mla(latent, cache, self.meta.slot_mapping, kv_scale=s)
         nd = self.num_decode_tokens

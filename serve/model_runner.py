@@ -161,8 +161,12 @@ class ModelRunner:
                            device)
         self.mla_scale = self.kv_lora = None
         if isinstance(self.spec, tskernels.MLACacheSpec):
-            attn = model.layers[0].self_attn
-            self.mla_scale, self.kv_lora = attn.scale, attn.kv_lora
+            # one decode / extend plan per step serves every layer: they must agree
+            got = {(layer.self_attn.scale, layer.self_attn.kv_lora) for layer in model.layers}
+            if len(got) != 1:
+                raise ValueError(f"MLA layers with different (softmax scale, kv_lora_rank) "
+                                 f"{sorted(got)}: one plan per step cannot serve them")
+            (self.mla_scale, self.kv_lora), = got
         self.num_q_heads = cfg.num_attention_heads
         self.policy = SERVE_POLICY
         self.timeline = StepTimeline(device.type == "cuda")

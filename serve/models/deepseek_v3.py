@@ -78,8 +78,7 @@ class MLAttention(nn.Module):
         q_abs = torch.bmm(q[:, :, :self.nope].transpose(0, 1), self.w_uk)
         q_lat = torch.cat([q_abs.transpose(0, 1), q_pe], dim=-1)
         latent = torch.cat([c_kv, k_pe[:, 0]], dim=-1)
-        o_lat = batch.attention.forward_mla(self.layer_id, q_lat, latent, self.scale,
-                                            self.kv_lora)
+        o_lat = batch.attention.forward_mla(self.layer_id, q_lat, latent)
         o = torch.bmm(o_lat.transpose(0, 1), self.w_uv.transpose(1, 2))  # [H, T, v]
         return self.o_proj(o.transpose(0, 1).reshape(t, h * self.v_dim))
 

@@ -255,3 +255,16 @@ def test_bf16_engine_on_cpu():
     out = e.generate([PROMPT], SamplingParams(max_tokens=5, temperature=0, logprobs=2,
                                               ignore_eos=True))[0]
     assert len(out.token_ids) == 5 and all(lp <= 0 for lp in out.logprobs)
+
+
+def test_mla_layers_must_share_one_plan(monkeypatch):
+    """Every MLA layer runs the step's one decode / extend plan, built with the runner's softmax
+    scale: a model whose layers disagree is refused at load, not served with layer 0's."""
+    import itertools
+
+    from serve.models import deepseek_v3
+
+    scales = itertools.count(1)
+    monkeypatch.setattr(deepseek_v3, "mla_softmax_scale", lambda cfg: 0.1 * next(scales))
+    with pytest.raises(ValueError, match="MLA layers with different"):
+        Engine("dummy:tiny-deepseek-v3", device="cpu", num_kv_pages=64)
