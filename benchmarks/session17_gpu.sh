@@ -14,6 +14,8 @@
 #   AGENTIC_S: benchmarks/agentic_engine_bench.py (later-turn TTFT x 5, B=1 ITL at ~53k, host
 #             gap with lookahead) on the dummy Llama-3-8B 64k config
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
+#   MOE_S:    benchmarks/s18_moe_pdl_gpu.py (session 18: the decode MoE layer chained)
+#   AB_BATCH / AB_TOKENS: serve_ab's --batch / --new-tokens (default 1 / 48)
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 # the device returns at most 8 files (the first 8 by name): the stages write under $OUT/raw,
@@ -27,6 +29,7 @@ stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s
   echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s17_$name.log" | cut -c1-300 | tail -${TAIL:-14}
 }
 stage fp8small "${FP8S_S:-0}" python benchmarks/s17_fp8_small_gpu.py "$OUT" $(( ${FP8S_S:-0} - 10 ))
+stage moe "${MOE_S:-0}" python benchmarks/s18_moe_pdl_gpu.py "$OUT" $(( ${MOE_S:-0} - 10 ))
 stage mla "${MLA_S:-0}" python benchmarks/s17_mla_sync_gpu.py "$OUT"
 stage rope "${ROPE_S:-0}" python benchmarks/s17_rope_store_gpu.py "$OUT" $(( ${ROPE_S:-0} - 10 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then
@@ -41,7 +44,7 @@ for r in "${runs[@]}"; do
   IFS='|' read -r tag m sets <<< "$r"
   [ -n "$tag" ] || continue
   stage ab_$tag "${AB_S:-0}" python benchmarks/serve_ab.py $sets -- --model "$m" \
-      --batch 1 --new-tokens 48 --no-hf --json "$OUT/s17_ab_$tag.json"
+      --batch "${AB_BATCH:-1}" --new-tokens "${AB_TOKENS:-48}" --no-hf --json "$OUT/s17_ab_$tag.json"
 done
 stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
     --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \

@@ -11,10 +11,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
+from ..shared import pdl
 
 MAX_EXPERTS = 1024
 DECODE_TOKENS = 16  # up to this many tokens: one token per one-warp program
@@ -53,9 +55,15 @@ def _routing_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, stride_t, SCALE,
                     E: tl.constexpr, G: tl.constexpr, P: tl.constexpr, G_P: tl.constexpr,
                     P_P: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
                     TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, RENORM: tl.constexpr,
-                    BLOCK_T: tl.constexpr):
+                    BLOCK_T: tl.constexpr, PDL: tl.constexpr = False):
     """Softmax (SIGMOID=False, G=1) or grouped sigmoid routing of BLOCK_T tokens.
-    Logits [T, E] with E = G * P experts, expert id = g * P + p."""
+    Logits [T, E] with E = G * P experts, expert id = g * P + p.
+    PDL (pdl.CHAIN "moe_routing"): a programmatic dependent that waits for the router logits,
+    then lets its dependents launch (after the wait, so they may read what this kernel's
+    predecessors wrote before their own wait)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_mask = rows < T
     g = tl.arange(0, G_P)
@@ -120,7 +128,7 @@ def _launch(logits, bias, top_k, *, n_group, topk_group, scale, renormalize, sig
         x, bias if bias is not None else x, weights, ids, t, x.stride(0), float(scale),
         E=e, G=n_group, P=per, G_P=g_p, P_P=p_p, K=top_k, K_P=triton.next_power_of_2(top_k),
         TOPK_GROUP=topk_group, SIGMOID=sigmoid, RENORM=renormalize, BLOCK_T=block_t,
-        num_warps=warps)
+        num_warps=warps, **(pdl.launch_args(logits.device) if pdl.chained("moe_routing") else {}))
     return weights, ids
 
 
@@ -134,7 +142,10 @@ def _cases():
     return {"softmax": [CompileCase(_routing_kernel, sig, soft, label="softmax_e128_k8",
                                     aligned=("stride_t",)),
                         CompileCase(_routing_kernel, sig, dict(soft, BLOCK_T=1), num_warps=1,
-                                    label="softmax_e128_k8_decode", aligned=("stride_t",))],
+                                    label="softmax_e128_k8_decode", aligned=("stride_t",)),
+                        CompileCase(_routing_kernel, sig, dict(soft, BLOCK_T=1, PDL=True),
+                                    num_warps=1, label="softmax_e128_k8_decode_pdl",
+                                    aligned=("stride_t",), targets=pdl.TARGETS)],
             "sigmoid": [CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"}, ds,
                                     label="sigmoid_e256_g8_k8", aligned=("stride_t",)),
                         CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"},
