@@ -1,7 +1,6 @@
 """The decode MoE layer chained (issue 24's MoE T = 1 and Qwen3-30B-A3B B = 1 targets): routing,
 the align-free gate-up and the slot down as programmatic dependent launches (pdl.CHAIN
-"moe_routing" / "moe_direct"), the down asking L2 for its first DOWN_PREFETCH_TILES weight tiles
-before it waits for the gate-up:
+"moe_routing" / "moe_direct") vs plain launches:
 
     PYTHONPATH=$PWD python benchmarks/s18_moe_pdl_gpu.py $OUT [budget_s, default 150]
 
@@ -9,7 +8,8 @@ The layer of tskernels.bench.cases.moe (router logits -> routing -> fused expert
 shape, bf16), T = 1 / 2 / 4 / 8. Each variant is first checked bit-equal to the plain launches
 (eager, and a replayed CUDA graph with NaN-poisoned outputs); timing: one CUDA graph of back-to-
 back layers cycling through 4 input sets with their own 1.2 GB weight copies, median µs.
-JSON: $OUT/s18_moe_pdl.json; a table last.
+JSON: $OUT/s18_moe_pdl.json; a table last. (The run in benchmarks/RESULTS.md, at fe9a380, also
+timed the slot down asking L2 for its first 2 / 4 weight tiles before its wait: slower, removed.)
 """
 from __future__ import annotations
 
@@ -25,15 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 T0 = time.time()
-BASE = frozenset({"rmsnorm", "act_and_mul", "rope", "store_kv", "rope_store_kv", "merge"})
-# name: (extra CHAIN names, DOWN_PREFETCH_TILES)
-VARIANTS = {
-    "plain": ((), 0),
-    "chain": (("moe_routing", "moe_direct"), 0),
-    "chain+pre2": (("moe_routing", "moe_direct"), 2),
-    "chain+pre4": (("moe_routing", "moe_direct"), 4),
-    "direct_only+pre2": (("moe_direct",), 2),
-}
+MOE = frozenset({"moe_routing", "moe_direct"})
+VARIANTS = {"plain": False, "chain": True}
 
 
 def left(budget: float) -> float:
@@ -41,11 +34,8 @@ def left(budget: float) -> float:
 
 
 def use(name):
-    from tskernels.ops.moe import triton_direct
     from tskernels.ops.shared import pdl
-    names, tiles = VARIANTS[name]
-    pdl.CHAIN = BASE | set(names)
-    triton_direct.DOWN_PREFETCH_TILES = tiles
+    pdl.CHAIN = frozenset(pdl.NAMES) if VARIANTS[name] else frozenset(pdl.NAMES) - MOE
 
 
 def main() -> int:

@@ -240,3 +240,35 @@ def test_direct_path_replays_with_rearmed_counters(kernel_device):
                                  ids)
         assert_close(out, want, name=f"replay {i}")
     assert int(td._counters(x.device).abs().sum()) == 0
+
+
+@pytest.mark.skipif(not GPU, reason="programmatic dependent launches need a GPU")
+@pytest.mark.parametrize("t", [1, 3, 8])
+def test_direct_chained_equals_plain(kernel_device, t, monkeypatch):
+    """pdl.CHAIN "moe_routing" / "moe_direct" (routing, the gate-up and the slot down as
+    programmatic dependents; the down reads its expert id before its wait): three layers back to
+    back give the plain launches' output bit for bit, eagerly and replayed in a CUDA graph."""
+    from tskernels.ops.shared import pdl
+
+    x, w13, w2, _, _ = _problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t)
+    logits = torch.randn(t, 128, generator=torch.Generator().manual_seed(t)).to(kernel_device)
+
+    def layers():
+        h = x
+        for _ in range(3):
+            w, ids = moe.topk_softmax(logits, 8, backend="triton")
+            h = moe.fused_experts(h, w13, w2, w, ids, backend="triton")
+        return h
+
+    monkeypatch.setattr(pdl, "CHAIN", frozenset(pdl.NAMES) - {"moe_routing", "moe_direct"})
+    want = layers()
+    monkeypatch.setattr(pdl, "CHAIN", frozenset(pdl.NAMES))
+    assert torch.equal(layers(), want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = layers()
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)

@@ -33,7 +33,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from ..shared import pdl
-from ..shared.pdl import prefetch_l2
 from .triton_gemm import _gelu_tanh
 
 
@@ -57,9 +56,6 @@ _cnt: dict[torch.device, torch.Tensor] = {}
 # the aligned path takes over above this many tokens (each slot re-reads its expert here;
 # from ~16 tokens on, many slots share experts and the aligned grouping reads them once)
 MAX_TOKENS = 8
-# weight tiles (of BLOCK_K columns) each chained slot-down program asks L2 for before it
-# waits for the gate-up (pdl.CHAIN "moe_direct"); a power of two, 0: none
-DOWN_PREFETCH_TILES = 2
 
 
 @triton.jit
@@ -139,11 +135,12 @@ def token_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, E, H, I, stride_
 def slot_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr, E, H, I,
                      stride_as, stride_we, stride_wn, stride_ot,
                      TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                     PDL: tl.constexpr = False):
     """PDL: a programmatic dependent of slot_gate_up_kernel (launched once every gate-up
     program has waited for the routing, so the ids are final): it lets its own dependents
-    launch, asks L2 for its first PREFETCH weight tiles, and only then waits for the gate-up
-    (the activations, the partials and counters of the previous call)."""
+    launch, reads its expert id, and waits for the gate-up (the activations, the partials
+    and counters of the previous call) before anything else. (Asking L2 for its first 2 / 4
+    weight tiles before that wait was slower on the H200: benchmarks/RESULTS.md, session 18.)"""
     if PDL:
         gdc_launch_dependents()
     s = tl.program_id(0)
@@ -157,11 +154,6 @@ def slot_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr
     r = tl.arange(0, 16)
     k = tl.arange(0, BLOCK_K)
     if PDL:
-        if PREFETCH > 0:
-            LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # 128 B
-            cols = tl.arange(0, PREFETCH * BLOCK_K // LINE) * LINE
-            prefetch_l2(w_ptr + e * stride_we + n.to(tl.int64)[:, None] * stride_wn
-                        + cols[None, :], (n_ok & ok)[:, None] & (cols < I)[None, :])
         gdc_wait()
     a_ptrs = act_ptr + s.to(tl.int64) * stride_as + r[:, None] * 0 + k[None, :]
     b_ptrs = w_ptr + e * stride_we + n.to(tl.int64)[None, :] * stride_wn + k[:, None]
@@ -220,8 +212,9 @@ def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     n_tiles = triton.cdiv(hidden, cfg.down_n)
     pow2_k = (top_k & (top_k - 1)) == 0  # the last arrival sums a [k, BLOCK_N] tile
     slot = cfg.down == "slot" and pow2_k and tokens * n_tiles <= CNT_ELEMS
-    # chained (pdl.CHAIN "moe_direct"): gate-up waits for the routing as a programmatic
-    # dependent, the slot down prefetches before its wait; the token down stays plain
+    # chained (pdl.CHAIN "moe_direct"): gate-up and the slot down as programmatic dependents
+    # (H200, Qwen3-30B-A3B layer: T = 1 27.8 -> 26.7 us with "moe_routing"); the token down
+    # stays plain
     chain = pdl.launch_args(x.device) if slot and pdl.chained("moe_direct") else {}
     slot_gate_up_kernel[(tokens * top_k, triton.cdiv(inter, cfg.up_n))](
         x, w13, ids, act, num_experts, inter, hidden, x.stride(0), w13.stride(0),
@@ -230,12 +223,11 @@ def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         **chain)
     if slot:
         part = torch.empty(tokens * top_k, hidden, dtype=torch.float32, device=x.device)
-        extra = dict(chain, PREFETCH=DOWN_PREFETCH_TILES) if chain.get("PDL") else chain
         slot_down_kernel[(tokens * top_k, n_tiles)](
             act, w2, ids, tw, part, _counters(x.device), out, num_experts, hidden, inter,
             act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), TOP_K=top_k,
             BLOCK_N=cfg.down_n, BLOCK_K=cfg.down_k, num_warps=cfg.down_warps,
-            num_stages=cfg.down_stages, **extra)
+            num_stages=cfg.down_stages, **chain)
         return out
     n_tok = cfg.down_n if cfg.down == "token" else TOKEN_DOWN.down_n
     token_down_kernel[(tokens, triton.cdiv(hidden, n_tok))](
@@ -276,8 +268,7 @@ def compile_cases() -> list[CompileCase]:
                     narrow_dot=True, label="direct_gate_up_pdl", targets=pdl.TARGETS,
                     aligned=("stride_xt", "stride_we", "stride_wn", "stride_as")),
         CompileCase(slot_down_kernel, sl_sig,
-                    dict(TOP_K=8, BLOCK_N=c.down_n, BLOCK_K=c.down_k, PDL=True,
-                         PREFETCH=DOWN_PREFETCH_TILES),
+                    dict(TOP_K=8, BLOCK_N=c.down_n, BLOCK_K=c.down_k, PDL=True),
                     num_warps=c.down_warps, num_stages=c.down_stages, uses_dot=True,
                     narrow_dot=True, label="direct_slot_down_pdl", targets=pdl.TARGETS,
                     aligned=("stride_as", "stride_we", "stride_wn", "stride_ot")),

@@ -150,7 +150,11 @@ def _cases():
                                     label="sigmoid_e256_g8_k8", aligned=("stride_t",)),
                         CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"},
                                     dict(ds, BLOCK_T=1), num_warps=1,
-                                    label="sigmoid_e256_g8_k8_decode", aligned=("stride_t",))]}
+                                    label="sigmoid_e256_g8_k8_decode", aligned=("stride_t",)),
+                        CompileCase(_routing_kernel, {**sig, "logit_ptr": "*fp32"},
+                                    dict(ds, BLOCK_T=1, PDL=True), num_warps=1,
+                                    label="sigmoid_e256_g8_k8_decode_pdl",
+                                    aligned=("stride_t",), targets=pdl.TARGETS)]}
 
 
 @register("moe", "topk_softmax", **TRITON, formats={"router_logits": _FORMATS},

@@ -10,9 +10,13 @@ A kernel that triggers early therefore lets its dependents start *their* indepen
 The kernels named in CHAIN are launched as programmatic dependents and trigger their own
 dependents at program start: RMSNorm / fused add + RMSNorm ("rmsnorm"), SiLU / GELU-mul
 ("act_and_mul"), RoPE ("rope"), the paged K/V store ("store_kv"), the fused q/k norm + RoPE +
-K/V store of decode steps ("rope_store_kv") and the split-KV decode merge ("merge"). Each waits
+K/V store of decode steps ("rope_store_kv"), the split-KV decode merge ("merge"), the MoE
+routing ("moe_routing") and the decode MoE's align-free gate-up and slot down ("moe_direct";
+the routing and the gate-up wait before they trigger, so the down may read the routing's ids
+before its own wait). Each waits
 (gdc_wait) before its first load and before any store, so correctness never depends on the
-launch order: the wait covers the predecessor, and through the predecessor's own wait (or plain
+launch order (the one read before a wait, the slot down's expert id, is of a kernel two
+launches back that had completed when its dependents launched): the wait covers the predecessor, and through the predecessor's own wait (or plain
 stream order) everything before it. Reading a weight
 before the wait (the gemv's L2 prefetch, triton_gemv.PREFETCH_TILES) is safe because no
 kernel of a step writes weights, and an L2 prefetch cannot return stale data (L2 is where the
@@ -20,7 +24,9 @@ predecessor's stores land).
 
 CHAIN is read at every launch (so one process can time both). Every name is on by default since
 the H200 A/B (benchmarks/s16_decode_gpu.py; with triton_gemv.PREFETCH_TILES = 2 and the one-launch
-RoPE: dummy Llama-3-8B B=1 4.37 -> 4.17 ms/step, benchmarks/RESULTS.md "Session 16").
+RoPE: dummy Llama-3-8B B=1 4.37 -> 4.17 ms/step, benchmarks/RESULTS.md "Session 16"); the MoE
+names since session 18's (benchmarks/s18_moe_pdl_gpu.py: the Qwen3-30B-A3B MoE layer at T = 1
+27.8 -> 26.7 us, T = 2-8 2-2.5 us faster).
 """
 from __future__ import annotations
 
@@ -34,9 +40,7 @@ from ...platform import platform_of
 # "store_kv", "merge"}. Any iterable of names (benchmarks/serve_ab.py sets a literal).
 NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "rope_store_kv", "merge", "moe_routing",
          "moe_direct")
-# "moe_routing" / "moe_direct" (the decode MoE: routing, then the align-free gate-up and down,
-# whose down asks L2 for its first weight tiles before its wait): off until their H200 A/B
-CHAIN: frozenset[str] = frozenset(NAMES) - {"moe_routing", "moe_direct"}
+CHAIN: frozenset[str] = frozenset(NAMES)
 # the compile targets of the chained forms (griddepcontrol: sm_90+)
 TARGETS = ("sm_90", "sm_100", "sm_120")
 
