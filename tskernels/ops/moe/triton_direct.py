@@ -213,7 +213,7 @@ def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     pow2_k = (top_k & (top_k - 1)) == 0  # the last arrival sums a [k, BLOCK_N] tile
     slot = cfg.down == "slot" and pow2_k and tokens * n_tiles <= CNT_ELEMS
     # chained (pdl.CHAIN "moe_direct"): gate-up and the slot down as programmatic dependents
-    # (H200, Qwen3-30B-A3B layer: T = 1 27.8 -> 26.7 us with "moe_routing"; opt-in); the
+    # (H200, Qwen3-30B-A3B layer: T = 1 27.8 -> 26.7 us with "moe_routing"); the
     # token down stays plain
     chain = pdl.launch_args(x.device) if slot and pdl.chained("moe_direct") else {}
     slot_gate_up_kernel[(tokens * top_k, triton.cdiv(inter, cfg.up_n))](

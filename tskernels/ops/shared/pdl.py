@@ -26,8 +26,9 @@ predecessor's stores land).
 CHAIN is read at every launch (so one process can time both). Every name is on by default since
 the H200 A/B (benchmarks/s16_decode_gpu.py; with triton_gemv.PREFETCH_TILES = 2 and the one-launch
 RoPE: dummy Llama-3-8B B=1 4.37 -> 4.17 ms/step, benchmarks/RESULTS.md "Session 16"); the MoE
-names are measured (benchmarks/s18_moe_pdl_gpu.py: the Qwen3-30B-A3B MoE layer at T = 1
-27.8 -> 26.7 us, T = 2-8 2-2.5 us faster) but off until their GPU test has run.
+names since the H200 lab run (benchmarks/s18_moe_pdl_gpu.py: the Qwen3-30B-A3B MoE layer at
+T = 1 27.8 -> 26.7 us, T = 2-8 2-2.5 us faster, bit-equal) and the GPU tier of the MoE kernels
+with the chain on (session 19, benchmarks/results/h200/s19_gpu_tier.json).
 """
 from __future__ import annotations
 
@@ -41,9 +42,7 @@ from ...platform import platform_of
 # "store_kv", "merge"}. Any iterable of names (benchmarks/serve_ab.py sets a literal).
 NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "rope_store_kv", "merge", "moe_routing",
          "moe_direct")
-# "moe_routing" / "moe_direct": measured faster and bit-equal on the H200 (session 18's lab run),
-# off until tests/kernels/test_moe_experts.py::test_direct_chained_equals_plain has run there
-CHAIN: frozenset[str] = frozenset(NAMES) - {"moe_routing", "moe_direct"}
+CHAIN: frozenset[str] = frozenset(NAMES)
 # the compile targets of the chained forms (griddepcontrol: sm_90+)
 TARGETS = ("sm_90", "sm_100", "sm_120")
 
