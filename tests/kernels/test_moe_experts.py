@@ -19,6 +19,8 @@ from tskernels.ops.moe import triton_direct as td
 from tskernels.ops.moe import triton_experts as te
 from tskernels_ref.gemm import quantize_fp8_block
 
+from ._cuda_graphs import assert_replays_equal
+
 moe = tskernels.moe
 GPU = torch.cuda.is_available()
 SMALL = te.Tiles(16, 16, 32, 16, 32, 2, 4, 2, 4, 2)  # interpreter-sized tiles
@@ -247,28 +249,32 @@ def test_direct_path_replays_with_rearmed_counters(kernel_device):
 def test_direct_chained_equals_plain(kernel_device, t, monkeypatch):
     """pdl.CHAIN "moe_routing" / "moe_direct" (routing, the gate-up and the slot down as
     programmatic dependents; the down reads its expert id before its wait): three layers back to
-    back give the plain launches' output bit for bit, eagerly and replayed in a CUDA graph."""
+    back, each routed from its own input through its own router (so each layer's ids differ from
+    the last layer's and from the last replay's: an id read too early would show), give the
+    plain launches' output bit for bit, eagerly and replayed in a CUDA graph on new inputs."""
     from tskernels.ops.shared import pdl
 
     x, w13, w2, _, _ = _problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t)
-    logits = torch.randn(t, 128, generator=torch.Generator().manual_seed(t)).to(kernel_device)
+    gen = torch.Generator().manual_seed(t)
+    routers = [(torch.randn(2048, 128, generator=gen) / 8).to(kernel_device) for _ in range(3)]
 
     def layers():
         h = x
-        for _ in range(3):
-            w, ids = moe.topk_softmax(logits, 8, backend="triton")
+        for wg in routers:
+            w, ids = moe.topk_softmax(h.float() @ wg, 8, backend="triton")
             h = moe.fused_experts(h, w13, w2, w, ids, backend="triton")
         return h
 
-    monkeypatch.setattr(pdl, "CHAIN", frozenset(pdl.NAMES) - {"moe_routing", "moe_direct"})
-    want = layers()
+    def plain():
+        with monkeypatch.context() as m:
+            m.setattr(pdl, "CHAIN", frozenset(pdl.NAMES) - {"moe_routing", "moe_direct"})
+            return layers()
+
     monkeypatch.setattr(pdl, "CHAIN", frozenset(pdl.NAMES))
-    assert torch.equal(layers(), want)
+    assert torch.equal(layers(), plain())
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = layers()
     for _ in range(3):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, want)
+        x.copy_(torch.randn(x.shape, generator=gen).to(x))
+        assert_replays_equal(g, out, plain(), times=1)

@@ -239,7 +239,8 @@ def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 
 
 def compile_cases() -> list[CompileCase]:
-    """The two kernels at the decode tiles (bf16, top-8); their dots have 16 rows."""
+    """The three kernels at the decode tiles (bf16, top-8; the gate-up and the slot down
+    also in their chained PDL form); their dots have 16 rows."""
     c, t = DEFAULT, TOKEN_DOWN
     up_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i32", "act_ptr": "*bf16",
               "E": "i32", "I": "i32", "H": "i32", "stride_xt": "i32", "stride_we": "i32",

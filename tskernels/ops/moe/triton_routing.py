@@ -128,7 +128,11 @@ def _launch(logits, bias, top_k, *, n_group, topk_group, scale, renormalize, sig
         x, bias if bias is not None else x, weights, ids, t, x.stride(0), float(scale),
         E=e, G=n_group, P=per, G_P=g_p, P_P=p_p, K=top_k, K_P=triton.next_power_of_2(top_k),
         TOPK_GROUP=topk_group, SIGMOID=sigmoid, RENORM=renormalize, BLOCK_T=block_t,
-        num_warps=warps, **(pdl.launch_args(logits.device) if pdl.chained("moe_routing") else {}))
+        num_warps=warps,
+        # chained in its decode form only (one token per program: the form compiled and
+        # measured with PDL; a prefill-sized routing gains nothing from it)
+        **(pdl.launch_args(logits.device) if pdl.chained("moe_routing") and block_t == 1
+           else {}))
     return weights, ids
 
 

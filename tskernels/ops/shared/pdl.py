@@ -13,15 +13,14 @@ dependents at program start: RMSNorm / fused add + RMSNorm ("rmsnorm"), SiLU / G
 K/V store of decode steps ("rope_store_kv"), the split-KV decode merge ("merge"), the MoE
 routing ("moe_routing") and the decode MoE's align-free gate-up and slot down ("moe_direct";
 the routing and the gate-up wait before they trigger, so the down may read the routing's ids
-before its own wait). Each waits
-(gdc_wait) before its first load and before any store, so correctness never depends on the
-launch order (the one read before a wait, the slot down's expert id, is of a kernel two
-launches back that had completed when its dependents launched): the wait covers the
-predecessor, and through the predecessor's own wait (or plain
-stream order) everything before it. Reading a weight
-before the wait (the gemv's L2 prefetch, triton_gemv.PREFETCH_TILES) is safe because no
-kernel of a step writes weights, and an L2 prefetch cannot return stale data (L2 is where the
-predecessor's stores land).
+before its own wait). Each waits (gdc_wait) before its first load and before any store, so
+correctness never depends on the launch order (the one read before a wait, the slot down's
+expert id, was written by a kernel before the gate-up; every gate-up program waits before it
+triggers, so that kernel had completed before the down could launch): the wait covers the
+predecessor, and through the predecessor's own wait (or plain stream order) everything before
+it. Reading a weight before the wait (the gemv's L2 prefetch, triton_gemv.PREFETCH_TILES) is
+safe because no kernel of a step writes weights, and an L2 prefetch cannot return stale data
+(L2 is where the predecessor's stores land).
 
 CHAIN is read at every launch (so one process can time both). Every name is on by default since
 the H200 A/B (benchmarks/s16_decode_gpu.py; with triton_gemv.PREFETCH_TILES = 2 and the one-launch
