@@ -16,6 +16,9 @@
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
 #   MOE_S:    benchmarks/s18_moe_pdl_gpu.py (session 18: the decode MoE layer chained)
 #   AB_BATCH / AB_TOKENS: serve_ab's --batch / --new-tokens (default 1 / 48)
+#   BAL_S:    benchmarks/s19_balance_gpu.py (session 19: the paged extend's balanced split)
+#   PACK:     the name of the archive the stages' outputs go back in ($OUT/s17_$PACK.tgz)
+# (written for session 17; sessions 18 and 19 added stages)
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 # the device returns at most 8 files (the first 8 by name): the stages write under $OUT/raw,
@@ -30,6 +33,7 @@ stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s
 }
 stage fp8small "${FP8S_S:-0}" python benchmarks/s17_fp8_small_gpu.py "$OUT" $(( ${FP8S_S:-0} - 10 ))
 stage moe "${MOE_S:-0}" python benchmarks/s18_moe_pdl_gpu.py "$OUT" $(( ${MOE_S:-0} - 10 ))
+stage balance "${BAL_S:-0}" python benchmarks/s19_balance_gpu.py "$OUT" $(( ${BAL_S:-0} - 10 ))
 stage mla "${MLA_S:-0}" python benchmarks/s17_mla_sync_gpu.py "$OUT"
 stage rope "${ROPE_S:-0}" python benchmarks/s17_rope_store_gpu.py "$OUT" $(( ${ROPE_S:-0} - 10 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then

@@ -31,6 +31,13 @@ WORKSPACE_CAP = 256 << 20  # bytes of partials an automatic choice may allocate
 MAX_MERGE_TOKENS = 65535   # the merge grid's second dimension
 AUTO_GAIN = 0.92           # split only when the model predicts at least 8 % less time
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+# Automatic splits (splits=None) cut the blocks' key tiles at equal per-SM loads (balanced_table)
+# instead of into the chosen count of equal parts per block (split_table); False: the equal
+# parts (the launch before; explicit split counts always take them).
+BALANCED = True
+MIN_PIECE_TILES = 4        # balanced cuts: at least this many tiles from a block's start and
+                           # from each other (a block's last piece, its causal tail, may be
+                           # shorter)
 
 
 def block_table(counts, prefixes, block_m: int, block_n: int, group: int = 1) -> np.ndarray:
@@ -106,6 +113,64 @@ def split_work(counts, prefixes, splits: int, block_m: int = 128, block_n: int =
     starts CTAs in grid order: longest-first packs the SMs best); group: see blocks_of."""
     return [tuple(w) for w in split_table(counts, prefixes, splits, block_m, block_n,
                                           group).tolist()]
+
+
+def balanced_table(counts, prefixes, heads: int, num_sms: int, block_m: int = 128,
+                   block_n: int = 128, group: int = 1) -> tuple[np.ndarray, int]:
+    """Work items that load every SM equally: (int32 [items, 5] as split_table, the largest
+    number of pieces a block got, the plan's split count). The blocks' key tiles, laid end to
+    end, are cut every `per_sm` = heads x (all tiles) / num_sms tiles, so the pieces between two
+    cuts (each run by `heads` CTAs) are one SM's share; a block is cut only where a cut falls
+    inside it. With pieces started longest first as SMs free up, the SMs end within about one
+    piece's overhead of each other, where equal parts per block leave the last wave part empty
+    (the later turn's 25 blocks x 8 KV heads: 5 x 200 CTAs of ~81 tiles in 7.6 waves, vs 328
+    CTAs and at most 2 pieces per block). Cuts stay below each block's first-row tile (the
+    causal tail is never split: every row of every piece sees a key), at least
+    MIN_PIECE_TILES from the block's start and from each other, and at most MAX_SPLITS pieces
+    per block."""
+    blocks = block_table(counts, prefixes, block_m, block_n, group)
+    nt, fr = blocks[:, 2], blocks[:, 3]
+    if nt.size and (fr.min() < 1 or (fr > nt).any()):
+        raise ValueError("tile_ranges: need 1 <= first_row_tiles <= n_tiles (a negative "
+                         "prefix?)")
+    if not len(blocks):
+        return np.zeros((0, 5), dtype=np.int32), 1
+    ends = np.cumsum(nt)
+    starts = ends - nt
+    total = int(ends[-1])
+    per_sm = max(heads * total / max(num_sms, 1), MIN_PIECE_TILES,
+                 int(nt.max()) / (MAX_SPLITS - 1))
+    cuts = np.rint(np.arange(1, int(total // per_sm) + 1) * per_sm).astype(np.int64)
+    b = np.searchsorted(ends, cuts, side="right")           # the block each cut falls in
+    inside = b < len(blocks)
+    b, cuts = b[inside], cuts[inside]
+    local = np.minimum(cuts - starts[b], fr[b] - 1)         # not into the causal tail
+    keep = local >= MIN_PIECE_TILES
+    # every block starts a piece at 0; a cut's piece starts at its local position
+    pb = np.concatenate((np.arange(len(blocks)), b[keep]))
+    p0 = np.concatenate((np.zeros(len(blocks), np.int64), local[keep]))
+    order = np.lexsort((p0, pb))
+    pb, p0 = pb[order], p0[order]
+    new = np.ones(len(pb), dtype=bool)
+    new[1:] = (pb[1:] != pb[:-1]) | (p0[1:] != p0[:-1])     # drop repeated cuts
+    pb, p0 = pb[new], p0[new]
+    last = np.ones(len(pb), dtype=bool)
+    last[:-1] = pb[1:] != pb[:-1]
+    p1 = np.where(last, nt[pb], np.roll(p0, -1))
+    # drop cuts closer than MIN_PIECE_TILES to the next one (the shorter piece joins the next)
+    short = ~last & (p1 - p0 < MIN_PIECE_TILES) & (p0 > 0)
+    if short.any():
+        pb, p0 = pb[~short], p0[~short]
+        last = np.ones(len(pb), dtype=bool)
+        last[:-1] = pb[1:] != pb[:-1]
+        p1 = np.where(last, nt[pb], np.roll(p0, -1))
+    first = np.ones(len(pb), dtype=bool)
+    first[1:] = pb[1:] != pb[:-1]
+    idx = np.arange(len(pb))
+    k = idx - np.maximum.accumulate(np.where(first, idx, 0))  # piece index within its block
+    work = np.stack((blocks[pb, 0], blocks[pb, 1], p0, p1, k), axis=1)
+    work = work[np.argsort(p0 - p1, kind="stable")]
+    return np.ascontiguousarray(work.astype(np.int32)), int(k.max()) + 1
 
 
 def workspace_bytes(num_tokens: int, hq: int, splits: int, head_dim: int = 128) -> int:
