@@ -206,13 +206,15 @@ def test_cuda_paged_split_auto_and_graph_replay():
     ([9000 + 64, 70], [64, 70], 8, 2, False),                 # unpacked heads
 ])
 def test_cuda_paged_balanced_auto_matches_reference(lens, new, hq, hkv, pack):
-    """splits=None with extend_split.BALANCED (the default): the plan holds the balanced cuts
+    """splits=None with extend_split.BALANCED: the plan holds the balanced cuts
     (pieces of unequal length, a block cut only where an SM's share ends), every partial row a
     piece must write is poisoned first, and the merged output matches the reference."""
     from tskernels.ops.shared import extend_split as sp
     from tskernels.platform import platform_of
     kv, indptr, q = _split_case(lens, new, hq=hq, hkv=hkv)
-    plan = _split_plan(kv, indptr, q, None, gqa_pack=pack)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sp, "BALANCED", True)
+        plan = _split_plan(kv, indptr, q, None, gqa_pack=pack)
     g = hq // hkv if pack else 1
     work, pieces = sp.balanced_table(new, [n - m for n, m in zip(lens, new)], hq // g,
                                      platform_of(q.device).num_sms, 128, 128, g)

@@ -348,6 +348,7 @@ def test_balanced_later_turn(new, cached):
     work, pieces = _check_balanced([new], [cached], 8, 132, 128, 4)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(ce, "platform_of", lambda device: _Platform(132))
+        m.setattr(sp, "BALANCED", True)
         assert ce._work_items(True, None, True, [new], [cached], 32, 4, 128, "cpu")[0] == pieces
         m.setattr(sp, "BALANCED", False)
         s, _, uniform = ce._work_items(True, None, True, [new], [cached], 32, 4, 128, "cpu")

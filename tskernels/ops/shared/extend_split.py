@@ -34,7 +34,11 @@ CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 # Automatic splits (splits=None) cut the blocks' key tiles at equal per-SM loads (balanced_table)
 # instead of into the chosen count of equal parts per block (split_table); False: the equal
 # parts (the launch before; explicit split counts always take them).
-BALANCED = True
+BALANCED = False
+# The order work items are launched in (the hardware starts CTAs in grid order as SMs free up):
+# "length", longest first (packs the SMs); "start", by first key tile (the CTAs running at once
+# walk the same key tiles of their KV head, so L2 serves a tile to every query block reading it).
+ITEM_ORDER = "length"
 MIN_PIECE_TILES = 4        # balanced cuts: at least this many tiles from a block's start and
                            # from each other (a block's last piece, its causal tail, may be
                            # shorter)
@@ -103,8 +107,15 @@ def split_table(counts, prefixes, splits: int, block_m: int = 128, block_n: int 
     t0, t1, valid = _ranges(blocks[:, 2], blocks[:, 3], splits)
     b, k = np.nonzero(valid)
     work = np.stack((blocks[b, 0], blocks[b, 1], t0[b, k], t1[b, k], k), axis=1)
-    work = work[np.argsort(work[:, 2] - work[:, 3], kind="stable")]
+    work = work[_order(work)]
     return work.astype(np.int32)
+
+
+def _order(work: np.ndarray) -> np.ndarray:
+    """The launch order of (request, query block, t0, t1, k) rows (ITEM_ORDER)."""
+    if ITEM_ORDER == "start":
+        return np.lexsort((work[:, 1], work[:, 0], work[:, 2] - work[:, 3], work[:, 2]))
+    return np.argsort(work[:, 2] - work[:, 3], kind="stable")
 
 
 def split_work(counts, prefixes, splits: int, block_m: int = 128, block_n: int = 128,
@@ -169,7 +180,7 @@ def balanced_table(counts, prefixes, heads: int, num_sms: int, block_m: int = 12
     idx = np.arange(len(pb))
     k = idx - np.maximum.accumulate(np.where(first, idx, 0))  # piece index within its block
     work = np.stack((blocks[pb, 0], blocks[pb, 1], p0, p1, k), axis=1)
-    work = work[np.argsort(p0 - p1, kind="stable")]
+    work = work[_order(work)]
     return np.ascontiguousarray(work.astype(np.int32)), int(k.max()) + 1
 
 
