@@ -1,16 +1,17 @@
-"""Lab script (issue 20, the later turn's TTFT): the CUDA paged extend's balanced split
-(extend_split.BALANCED: the automatic split cuts the blocks' key tiles at equal per-SM loads)
-against the equal parts of the chosen split count, in one process each stage.
+"""Lab script (issue 20, the later turn's TTFT): the CUDA paged extend's launch order
+(extend_split.ITEM_ORDER: "length", longest first, vs "start", by first key tile) and split
+counts, in one process each stage. (Calls 2-4 of session 19 also timed a "balanced" cut of the
+blocks' key tiles at equal per-SM loads: 0.88-1.12x of the equal parts, removed since.)
 
 Stage 1 (a child process under a timeout): one Llama-3-8B attention layer (32 q / 8 KV heads,
 head dim 128, bf16, 64-slot pages, permuted page table, GQA-packed plans), CUDA-graph replay
-medians (benchmarks/s15_extend_gpu.py's problem, fp32 reference and timing): "old" = automatic
-split with BALANCED off (equal parts), "balanced" = automatic with it on, "pN" = N equal parts
-forced. Shapes: the agentic later turns (50.8k + 800, 50.9k + 816, 54.3k + 848, 20k + 800), the
+medians over rounds (benchmarks/s15_extend_gpu.py's problem and fp32 reference): "old" =
+automatic split launched longest first, "start" = the same items by first key tile, "pN" / "pNs"
+= N parts forced, in either order. Shapes: the agentic later turns (50.8k + 800, 50.9k + 816, 54.3k + 848, 20k + 800), the
 51k + 16 / + 128 follow-ups, a 4-request batch.
 Stage 2: later turns in the engine (dummy Llama-3-8B, 64k context; a 50k-token first turn,
-then later turns of 800 new tokens with BALANCED alternating on / off turn by turn, the first
-two untimed), TTFT as benchmarks/agentic_engine_bench.py measures it (clock before
+then later turns of 800 new tokens with ITEM_ORDER "start" / "length" in A B B A order, the
+first two untimed), TTFT as benchmarks/agentic_engine_bench.py measures it (clock before
 add_request, sampling at temperature 1, 64 outputs kept in the conversation).
 
     python benchmarks/s19_balance_gpu.py $OUT 240        # OUT, total seconds budget
@@ -39,9 +40,8 @@ SHAPES = [
 ]
 FORCED = (3, 5)
 ROUNDS = 5
-# the engine stage's A / B: (extend_split.BALANCED, extend_split.ITEM_ORDER) of "on" / "off"
-ENGINE_ON = (False, "start")
-ENGINE_OFF = (False, "length")
+# the engine stage's A / B: extend_split.ITEM_ORDER of "on" / "off"
+ENGINE_ON, ENGINE_OFF = "start", "length"
 
 
 def stage1(out_dir: str, deadline: float) -> int:
@@ -58,29 +58,28 @@ def stage1(out_dir: str, deadline: float) -> int:
             continue
         indptr, pt, seq, data = s15._problem(prefixes, news, gen, 1, PAGE)
 
-        def mk(s, balanced=True, order="length"):
-            old = extend_split.BALANCED, extend_split.ITEM_ORDER
-            extend_split.BALANCED, extend_split.ITEM_ORDER = balanced, order
+        def mk(s, order):
+            old = extend_split.ITEM_ORDER
+            extend_split.ITEM_ORDER = order
             try:
                 return CudaExtendPlan(indptr, pt, seq, num_q_heads=s15.HQ, num_kv_heads=s15.HKV,
                                       head_dim=s15.D, page_size=PAGE, q_dtype=torch.bfloat16,
                                       kv_dtype=torch.bfloat16, scale=s15.D ** -0.5, paged=True,
                                       splits=s, gqa_pack=True)
             finally:
-                extend_split.BALANCED, extend_split.ITEM_ORDER = old
-        plans = {"old": mk(None, False), "start": mk(None, False, "start"),
-                 "balanced": mk(None), "bal_start": mk(None, True, "start")}
+                extend_split.ITEM_ORDER = old
+        plans = {"old": mk(None, "length"), "start": mk(None, "start")}
         if len(news) == 1:
             for s in FORCED:
-                plans[f"p{s}"] = mk(s, False, "length")
-                plans[f"p{s}s"] = mk(s, False, "start")
+                plans[f"p{s}"] = mk(s, "length")
+                plans[f"p{s}s"] = mk(s, "start")
         flops = s15._flops(prefixes, news)
         ref = s15._reference(data[0], indptr, pt, seq, PAGE)
         row = dict(shape=name, prefixes=prefixes, new=news, page_size=PAGE,
                    gflop=round(flops / 1e9, 1), variants=_rounds(plans, data, ref, flops))
         v = row["variants"]
-        if "us" in v.get("balanced", {}) and "us" in v.get("old", {}):
-            row["speedup_balanced_vs_old"] = round(v["old"]["us"] / v["balanced"]["us"], 3)
+        if "us" in v.get("start", {}) and "us" in v.get("old", {}):
+            row["speedup_start_vs_old"] = round(v["old"]["us"] / v["start"]["us"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
         with open(path, "w") as f:
@@ -142,14 +141,14 @@ def stage2(out_dir: str, turns: int) -> dict:
     res = {"on": [], "off": []}
     for t in range(turns + 2):
         on = t % 4 in (0, 3)   # A B B A: the growing context weighs both sides alike
-        extend_split.BALANCED, extend_split.ITEM_ORDER = ENGINE_ON if on else ENGINE_OFF
+        extend_split.ITEM_ORDER = ENGINE_ON if on else ENGINE_OFF
         prompt = history + _tokens(rng, new, vocab)
         ttft, _, out, cached, _ = _run_one(eng, f"turn{t + 1}", prompt, output)
         history = prompt + out
         if t >= 2 and t < turns + 2:
             res["on" if on else "off"].append(dict(ttft_ms=ttft * 1e3, prompt=len(prompt),
                                                    cached=cached))
-    extend_split.BALANCED, extend_split.ITEM_ORDER = ENGINE_OFF
+    extend_split.ITEM_ORDER = "start"
     res["on_is"], res["off_is"] = ENGINE_ON, ENGINE_OFF
     for k in ("on", "off"):
         res[f"median_{k}_ms"] = statistics.median(x["ttft_ms"] for x in res[k])
@@ -184,8 +183,7 @@ def main() -> int:
     res["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(out_dir, "s19_balance.json"), "w") as f:
         json.dump(res, f, indent=1)
-    keys = ["old", "start", "balanced", "bal_start"] + [f"p{s}{o}" for s in FORCED
-                                                        for o in ("", "s")]
+    keys = ["old", "start"] + [f"p{s}{o}" for s in FORCED for o in ("", "s")]
     print(f"{'shape':<18} " + " ".join(f"{k:>13}" for k in keys) + "  max err")
     for r in res["layer"]:
         v = r.get("variants", {})

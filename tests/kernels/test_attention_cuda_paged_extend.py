@@ -200,34 +200,6 @@ def test_cuda_paged_split_auto_and_graph_replay():
 
 
 @needs_hopper
-@pytest.mark.parametrize("lens,new,hq,hkv,pack", [
-    ([6000 + 200], [200], 32, 8, True),                       # a later turn, scaled down
-    ([8000 + 100, 5000 + 16, 3000 + 64, 40], [100, 16, 64, 40], 32, 8, True),  # ragged
-    ([9000 + 64, 70], [64, 70], 8, 2, False),                 # unpacked heads
-])
-def test_cuda_paged_balanced_auto_matches_reference(lens, new, hq, hkv, pack):
-    """splits=None with extend_split.BALANCED: the plan holds the balanced cuts
-    (pieces of unequal length, a block cut only where an SM's share ends), every partial row a
-    piece must write is poisoned first, and the merged output matches the reference."""
-    from tskernels.ops.shared import extend_split as sp
-    from tskernels.platform import platform_of
-    kv, indptr, q = _split_case(lens, new, hq=hq, hkv=hkv)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(sp, "BALANCED", True)
-        plan = _split_plan(kv, indptr, q, None, gqa_pack=pack)
-    g = hq // hkv if pack else 1
-    work, pieces = sp.balanced_table(new, [n - m for n, m in zip(lens, new)], hq // g,
-                                     platform_of(q.device).num_sms, 128, 128, g)
-    assert plan.splits == pieces > 1
-    assert torch.equal(plan.work.view(-1, 5).cpu(), torch.from_numpy(work))
-    assert _poison_used_partials(plan) == pieces
-    out = poisoned_like(q)
-    plan.run(q, kv.k_cache, kv.v_cache, out=out)
-    truth, same = ref_extend(q, kv, indptr)
-    assert_close(out, truth, baseline=same, name=f"cuda paged balanced {lens} {new}")
-
-
-@needs_hopper
 def test_cuda_paged_split_rejections():
     kv, indptr, q = _split_case([40, 70], [8, 70])
     for bad in (0, 65, 2.0, True, "4"):

@@ -131,7 +131,7 @@ def test_work_items_equal_the_loops(batch, heads, splits, pack, block_n, num_sms
         splits = 1
     with pytest.MonkeyPatch.context() as m:
         m.setattr(ce, "platform_of", lambda device: _Platform(num_sms))
-        m.setattr(sp, "BALANCED", False)  # the equal parts (balanced cuts: tested below)
+        m.setattr(sp, "ITEM_ORDER", "length")  # the loops' order ("start": tested below)
         s, p, work = ce._work_items(True, splits, pack, counts, prefixes, hq, hq // hkv,
                                     block_n, "cpu")
     want = old_work_items(True, splits, pack, counts, prefixes, hq, hq // hkv, block_n,
@@ -166,8 +166,10 @@ def test_later_turn_shape(cached):
         assert sp.choose_splits([new], [cached], 32, 132, group=4) == \
             old_choose_splits([new], [cached], 32, 132, group=4)
         s = sp.choose_splits([new], [cached], 32, 132, group=4)
-        assert sp.split_work([new], [cached], s, group=4) == \
-            old_split_work([new], [cached], s, group=4)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(sp, "ITEM_ORDER", "length")
+            assert sp.split_work([new], [cached], s, group=4) == \
+                old_split_work([new], [cached], s, group=4)
 
 
 def test_negative_prefix_is_refused():
@@ -291,72 +293,33 @@ def test_cuda_paged_plan_with_host_copies():
     assert torch.equal(got.run(q, kv.k_cache, kv.v_cache), base.run(q, kv.k_cache, kv.v_cache))
 
 
-# ---- balanced cuts (the automatic split's work items) ---------------------------------------
+# ---- the launch order (extend_split.ITEM_ORDER) ---------------------------------------------
 
-def _check_balanced(counts, prefixes, heads, num_sms, block_n, group):
-    work, pieces = sp.balanced_table(counts, prefixes, heads, num_sms, 128, block_n, group)
-    assert work.dtype == np.int32 and work.flags.c_contiguous and work.shape[1] == 5
-    blocks = old_blocks_of(counts, prefixes, 128, block_n, group)
-    lengths = (work[:, 3] - work[:, 2]).tolist()
-    assert lengths == sorted(lengths, reverse=True)            # longest first
-    assert 1 <= pieces <= sp.MAX_SPLITS
-    by_block: dict = {}
-    for b, i, t0, t1, k in work.tolist():
-        by_block.setdefault((b, i), []).append((t0, t1, k))
-    assert sorted(by_block) == sorted((b, i) for b, i, _, _ in blocks)
-    for b, i, nt, fr in blocks:
-        parts = sorted(by_block[(b, i)])
-        assert [k for _, _, k in parts] == list(range(len(parts)))  # split index by position
-        assert parts[0][0] == 0 and parts[-1][1] == nt               # covers 0 .. nt
-        assert all(a[1] == c[0] for a, c in zip(parts, parts[1:]))   # contiguous
-        assert all(t0 < fr for t0, _, _ in parts)  # every piece starts at or below row 0's tile
-        assert all(t1 - t0 >= sp.MIN_PIECE_TILES for t0, t1, _ in parts[:-1])
-        assert len(parts) <= pieces
-    assert pieces == max(len(v) for v in by_block.values())
-    return work, pieces
-
-
-@settings(max_examples=300, deadline=None)
-@given(batch=batches, heads=st.sampled_from([1, 2, 4, 8, 32]), group=st.sampled_from([1, 4, 8]),
-       num_sms=st.sampled_from([132, 78, 16, 1]), block_n=st.sampled_from([64, 128]))
-def test_balanced_cuts_cover_every_tile_once(batch, heads, group, num_sms, block_n):
+@settings(max_examples=200, deadline=None)
+@given(batch=batches, splits=st.sampled_from([1, 2, 3, 5, 16, 64]),
+       group=st.sampled_from([1, 4, 8]), block_n=st.sampled_from([64, 128]))
+def test_start_order_is_the_same_items_by_first_tile(batch, splits, group, block_n):
+    """"start" launches the same items as "length", ordered by first key tile, then longest
+    first, then request and query block."""
     counts, prefixes = [n for n, _ in batch], [p for _, p in batch]
-    if sum(counts) == 0:
-        work, pieces = sp.balanced_table(counts, prefixes, heads, num_sms, 128, block_n, group)
-        assert len(work) == 0 and pieces == 1
-        return
-    _check_balanced(counts, prefixes, heads, num_sms, block_n, group)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sp, "ITEM_ORDER", "length")
+        by_length = sp.split_table(counts, prefixes, splits, 128, block_n, group)
+        m.setattr(sp, "ITEM_ORDER", "start")
+        by_start = sp.split_table(counts, prefixes, splits, 128, block_n, group)
+    assert by_start.dtype == np.int32 and by_start.flags.c_contiguous
+    assert sorted(map(tuple, by_start.tolist())) == sorted(map(tuple, by_length.tolist()))
+    keys = [(t0, t0 - t1, b, i) for b, i, t0, t1, _ in by_start.tolist()]
+    assert keys == sorted(keys)
 
 
-def _makespan(lengths, num_sms):
-    """Items started in order, each on the SM that frees first (the block scheduler's order for
-    one CTA per SM), each costing its tiles + the modelled per-item overhead."""
-    import heapq
-    free = [0.0] * num_sms
-    for n in lengths:
-        heapq.heappush(free, heapq.heappop(free) + n + sp.ITEM_OVERHEAD_TILES)
-    return max(free)
-
-
-@pytest.mark.parametrize("new,cached", [(800, 50800), (816, 50900), (848, 54300), (800, 20000),
-                                        (128, 51000), (16, 51000)])
-def test_balanced_later_turn(new, cached):
-    """Issue 20's later turns (Llama-3-8B heads packed by 4, 132 SMs): the automatic plan takes
-    the balanced cuts, within 3 % of an even spread of the tiles over the SMs in the scheduling
-    model (800+ new tokens), at most 3 % behind the equal parts of the chosen split count, and
-    with no more pieces per block than that count."""
-    work, pieces = _check_balanced([new], [cached], 8, 132, 128, 4)
+def test_later_turn_launches_by_first_tile():
+    """The default: the later turn's plan launches every block's first part, then every
+    block's second part, ... (CTAs running together read the same key tiles)."""
+    assert sp.ITEM_ORDER == "start"
     with pytest.MonkeyPatch.context() as m:
         m.setattr(ce, "platform_of", lambda device: _Platform(132))
-        m.setattr(sp, "BALANCED", True)
-        assert ce._work_items(True, None, True, [new], [cached], 32, 4, 128, "cpu")[0] == pieces
-        m.setattr(sp, "BALANCED", False)
-        s, _, uniform = ce._work_items(True, None, True, [new], [cached], 32, 4, 128, "cpu")
-    cta = lambda w: np.repeat(w[:, 3] - w[:, 2], 8).tolist()  # noqa: E731
-    ideal = sum(cta(work)) / 132
-    # (one block of 16 new tokens: 17 pieces of ~24 tiles, 8 CTAs past one per SM, vs 16 equal
-    # parts: 27.0 vs 26.5 tiles in the model)
-    assert _makespan(cta(work), 132) <= 1.03 * _makespan(cta(uniform), 132)
-    if new >= 800:
-        assert _makespan(cta(work), 132) <= 1.03 * (ideal + sp.ITEM_OVERHEAD_TILES)
-        assert pieces <= s
+        s, _, work = ce._work_items(True, None, True, [800], [50800], 32, 4, 128, "cpu")
+    assert s > 1 and len(work) == 25 * s
+    assert work[:, 4].tolist() == sorted(work[:, 4].tolist())   # split index by split index
+    assert (np.diff(work[:, 2]) >= 0).all()

@@ -255,8 +255,7 @@ def resolve_defaults(paged: bool, splits, gqa_pack):
 def _work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, device):
     """(split count, GQA packing, work items) of a plan; the work items an int32 array of
     (request, query block) rows when unsplit, (request, query block, t0, t1, split index) rows
-    when split (extend_split.py: equal parts per block for an explicit count, cuts at equal
-    per-SM loads when the automatic rule splits and extend_split.BALANCED)."""
+    when split (extend_split.py; launched in extend_split.ITEM_ORDER)."""
     if not isinstance(gqa_pack, bool):
         raise ValueError(f"CUDA extend: gqa_pack must be a bool, got {gqa_pack!r}")
     if not paged:  # the contiguous kernel has neither a split nor a packed build
@@ -265,16 +264,8 @@ def _work_items(paged, splits, gqa_pack, counts, prefixes, hq, group, block_n, d
                              f"splits={splits!r}, gqa_pack={gqa_pack}")
         return 1, False, work_table(counts, prefixes=prefixes)
     g = group if gqa_pack else 1
-    auto = splits is None
-    sms = platform_of(device).num_sms if auto else 0
+    sms = platform_of(device).num_sms if splits is None else 0
     splits = split_kv.resolve_splits(splits, counts, prefixes, hq, sms, BLOCK_M, block_n, g)
-    if splits > 1 and auto and split_kv.BALANCED:
-        # the rule splits: cut at equal per-SM loads instead of `splits` equal parts per block
-        work, pieces = split_kv.balanced_table(counts, prefixes, hq // g, sms, BLOCK_M,
-                                               block_n, g)
-        if 1 < pieces <= split_kv.MAX_SPLITS and split_kv.workspace_bytes(
-                int(np.sum(counts)), hq, pieces) <= split_kv.WORKSPACE_CAP:
-            return pieces, gqa_pack, work
     if splits > 1:
         return splits, gqa_pack, split_kv.split_table(counts, prefixes, splits, BLOCK_M,
                                                       block_n, g)

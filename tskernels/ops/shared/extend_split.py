@@ -31,17 +31,13 @@ WORKSPACE_CAP = 256 << 20  # bytes of partials an automatic choice may allocate
 MAX_MERGE_TOKENS = 65535   # the merge grid's second dimension
 AUTO_GAIN = 0.92           # split only when the model predicts at least 8 % less time
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
-# Automatic splits (splits=None) cut the blocks' key tiles at equal per-SM loads (balanced_table)
-# instead of into the chosen count of equal parts per block (split_table); False: the equal
-# parts (the launch before; explicit split counts always take them).
-BALANCED = False
 # The order work items are launched in (the hardware starts CTAs in grid order as SMs free up):
-# "length", longest first (packs the SMs); "start", by first key tile (the CTAs running at once
-# walk the same key tiles of their KV head, so L2 serves a tile to every query block reading it).
-ITEM_ORDER = "length"
-MIN_PIECE_TILES = 4        # balanced cuts: at least this many tiles from a block's start and
-                           # from each other (a block's last piece, its causal tail, may be
-                           # shorter)
+# "start" (default), by first key tile, then longest first: the CTAs running at once walk the
+# same key tiles of their KV head, so L2 serves each tile to the ~16 query blocks reading it
+# (H200, one Llama-3-8B layer, later turns of 800-848 new over 50.8-54.3k cached: 2-9 % faster
+# than "length", benchmarks/RESULTS.md "Session 19"); "length", longest first (packs the SMs;
+# the order before).
+ITEM_ORDER = "start"
 
 
 def block_table(counts, prefixes, block_m: int, block_n: int, group: int = 1) -> np.ndarray:
@@ -120,68 +116,10 @@ def _order(work: np.ndarray) -> np.ndarray:
 
 def split_work(counts, prefixes, splits: int, block_m: int = 128, block_n: int = 128,
                group: int = 1) -> list[tuple[int, int, int, int, int]]:
-    """(request, query block, t0, t1, split index) work items, the longest first (the hardware
-    starts CTAs in grid order: longest-first packs the SMs best); group: see blocks_of."""
+    """(request, query block, t0, t1, split index) work items in ITEM_ORDER (the hardware
+    starts CTAs in grid order); group: see blocks_of."""
     return [tuple(w) for w in split_table(counts, prefixes, splits, block_m, block_n,
                                           group).tolist()]
-
-
-def balanced_table(counts, prefixes, heads: int, num_sms: int, block_m: int = 128,
-                   block_n: int = 128, group: int = 1) -> tuple[np.ndarray, int]:
-    """Work items that load every SM equally: (int32 [items, 5] as split_table, the largest
-    number of pieces a block got, the plan's split count). The blocks' key tiles, laid end to
-    end, are cut every `per_sm` = heads x (all tiles) / num_sms tiles, so the pieces between two
-    cuts (each run by `heads` CTAs) are one SM's share; a block is cut only where a cut falls
-    inside it. With pieces started longest first as SMs free up, the SMs end within about one
-    piece's overhead of each other, where equal parts per block leave the last wave part empty
-    (the later turn's 25 blocks x 8 KV heads: 5 x 200 CTAs of ~81 tiles in 7.6 waves, vs 328
-    CTAs and at most 2 pieces per block). Cuts stay below each block's first-row tile (the
-    causal tail is never split: every row of every piece sees a key), at least
-    MIN_PIECE_TILES from the block's start and from each other, and at most MAX_SPLITS pieces
-    per block."""
-    blocks = block_table(counts, prefixes, block_m, block_n, group)
-    nt, fr = blocks[:, 2], blocks[:, 3]
-    if nt.size and (fr.min() < 1 or (fr > nt).any()):
-        raise ValueError("tile_ranges: need 1 <= first_row_tiles <= n_tiles (a negative "
-                         "prefix?)")
-    if not len(blocks):
-        return np.zeros((0, 5), dtype=np.int32), 1
-    ends = np.cumsum(nt)
-    starts = ends - nt
-    total = int(ends[-1])
-    per_sm = max(heads * total / max(num_sms, 1), MIN_PIECE_TILES,
-                 int(nt.max()) / (MAX_SPLITS - 1))
-    cuts = np.rint(np.arange(1, int(total // per_sm) + 1) * per_sm).astype(np.int64)
-    b = np.searchsorted(ends, cuts, side="right")           # the block each cut falls in
-    inside = b < len(blocks)
-    b, cuts = b[inside], cuts[inside]
-    local = np.minimum(cuts - starts[b], fr[b] - 1)         # not into the causal tail
-    keep = local >= MIN_PIECE_TILES
-    # every block starts a piece at 0; a cut's piece starts at its local position
-    pb = np.concatenate((np.arange(len(blocks)), b[keep]))
-    p0 = np.concatenate((np.zeros(len(blocks), np.int64), local[keep]))
-    order = np.lexsort((p0, pb))
-    pb, p0 = pb[order], p0[order]
-    new = np.ones(len(pb), dtype=bool)
-    new[1:] = (pb[1:] != pb[:-1]) | (p0[1:] != p0[:-1])     # drop repeated cuts
-    pb, p0 = pb[new], p0[new]
-    last = np.ones(len(pb), dtype=bool)
-    last[:-1] = pb[1:] != pb[:-1]
-    p1 = np.where(last, nt[pb], np.roll(p0, -1))
-    # drop cuts closer than MIN_PIECE_TILES to the next one (the shorter piece joins the next)
-    short = ~last & (p1 - p0 < MIN_PIECE_TILES) & (p0 > 0)
-    if short.any():
-        pb, p0 = pb[~short], p0[~short]
-        last = np.ones(len(pb), dtype=bool)
-        last[:-1] = pb[1:] != pb[:-1]
-        p1 = np.where(last, nt[pb], np.roll(p0, -1))
-    first = np.ones(len(pb), dtype=bool)
-    first[1:] = pb[1:] != pb[:-1]
-    idx = np.arange(len(pb))
-    k = idx - np.maximum.accumulate(np.where(first, idx, 0))  # piece index within its block
-    work = np.stack((blocks[pb, 0], blocks[pb, 1], p0, p1, k), axis=1)
-    work = work[_order(work)]
-    return np.ascontiguousarray(work.astype(np.int32)), int(k.max()) + 1
 
 
 def workspace_bytes(num_tokens: int, hq: int, splits: int, head_dim: int = 128) -> int:
@@ -191,7 +129,9 @@ def workspace_bytes(num_tokens: int, hq: int, splits: int, head_dim: int = 128) 
 
 def _wave_tiles(blocks: np.ndarray, heads: int, splits, num_sms: int) -> list[float]:
     """Per split count: the sum, over waves, of each wave's first (longest) item in tiles (item
-    overhead included); an item's `heads` CTAs start in longest-first order, one per SM."""
+    overhead included); an item's `heads` CTAs start in longest-first order, one per SM (the
+    model of ITEM_ORDER "length"; "start" launches a block's equal parts in the same waves
+    and differs from it in L2 reuse, which the model does not see)."""
     splits = np.asarray(splits, dtype=np.int64).reshape(-1, 1)
     nt, fr = blocks[:, 2], blocks[:, 3]
     t0, t1, valid = _ranges(np.broadcast_to(nt, (len(splits), len(nt))),
