@@ -190,6 +190,8 @@ class ModelRunner:
             from tskernels import cpu_graph
             if cpu_graph.available():   # (the C++ extension is built)
                 from .cpu_graph import CpuGraphs as graphs
+        if device.type == "cuda":
+            self.warm_extend_plans()
         if graphs is not None:
             try:
                 self.graphs = graphs(self, args.max_num_seqs)
@@ -200,6 +202,35 @@ class ModelRunner:
                 log.log(level, "%s graphs disabled (%s: %s); decoding eagerly",
                         "CUDA" if device.type == "cuda" else "CPU", type(e).__name__, e)
                 self.graphs = None
+
+    # ---- first-use builds ----------------------------------------------------------------
+    WARM_PREFIX = 6000   # cached tokens of the warm-up's later-turn-like extend plan
+
+    @_under_policy
+    def warm_extend_plans(self) -> bool:
+        """Build, without running, the extend plan of a later turn (16 new tokens over a
+        WARM_PREFIX-token cached prefix, the step's own policy, cache and dtype), so that the
+        kernel build it selects (on sm_90 the CUDA paged extend's split + GQA-packed cubin,
+        compiled by NVRTC at first use) is made at engine start, not in the first later turn
+        of a session (H200: that turn took 188 ms against ~63 ms for the next ones, session
+        19). Nothing is launched or kept. False where there is nothing to build this way (a CPU
+        runner, an MLA cache, a pool or context too small)."""
+        pool = self.pool
+        if self.device.type != "cuda" or pool.is_mla:
+            return False
+        new, total = 16, self.WARM_PREFIX + 16
+        pages = -(-total // pool.page_size)
+        if total > self.max_model_len or pages > pool.num_pages:
+            return False
+        dev, i32 = self.device, torch.int32
+        tskernels.attention.extend_plan(
+            torch.tensor([0, new], dtype=i32, device=dev),
+            torch.arange(pages, dtype=i32, device=dev)[None], torch.tensor([total], dtype=i32,
+                                                                           device=dev),
+            num_q_heads=self.num_q_heads, k_cache=pool.k[0], q_dtype=self.dtype,
+            kv_scale_mode="per_tensor" if pool.fp8 else None,
+            host_qo_indptr=np.array([0, new]), host_seq_lens=np.array([total]))
+        return True
 
     # ---- pool sizing ---------------------------------------------------------------------
     def _num_pages(self, kv_dtype) -> int:

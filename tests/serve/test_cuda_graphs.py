@@ -235,3 +235,30 @@ def test_mla_decode_with_cuda_kernel_in_graphs(tmp_path_factory, monkeypatch, kv
         [type(s.decode).__name__ for s in states]
     _check_graphs(eng, 5)
     assert calls, "no eager step ran the CUDA MLA decode"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the CUDA paged extend is sm_90a only")
+def test_later_turn_kernel_built_at_engine_start(tmp_path_factory):
+    """ModelRunner.warm_extend_plans: the engine builds the later turn's paged extend (split +
+    GQA-packed cubin) at start; a later turn over a cached prefix then loads no new build."""
+    from serve.engine import SamplingParams
+    from tskernels.ops import cuda_driver
+
+    eng = _llama_d128(tmp_path_factory, 2, max_model_len=8192)
+    builds = lambda: {k for k in cuda_driver._modules if "-DSPLIT" in k[3]}  # noqa: E731
+    warmed = builds()
+    assert any("-DPACK" in k[3] for k in warmed), warmed
+    g = torch.Generator().manual_seed(1)
+    first = torch.randint(5, 500, (6100,), generator=g).tolist()
+    sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, detokenize=False)
+    eng.generate([first], sp)
+    eng.add_request("later", first + torch.randint(5, 500, (16,), generator=g).tolist(), sp)
+    cached, tokens = None, []
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.request_id == "later" and o.new_token_ids:
+                cached = o.cached_tokens if cached is None else cached
+                tokens += o.new_token_ids
+    assert cached >= 6000 and len(tokens) == 2
+    assert builds() == warmed

@@ -268,3 +268,9 @@ def test_mla_layers_must_share_one_plan(monkeypatch):
     monkeypatch.setattr(deepseek_v3, "mla_softmax_scale", lambda cfg: 0.1 * next(scales))
     with pytest.raises(ValueError, match="MLA layers with different"):
         Engine("dummy:tiny-deepseek-v3", device="cpu", num_kv_pages=64)
+
+
+def test_extend_warm_up_is_gpu_only(engine):
+    """ModelRunner.warm_extend_plans builds nothing on a CPU runner (its GPU form:
+    tests/serve/test_cuda_graphs.py::test_later_turn_kernel_built_at_engine_start)."""
+    assert engine.runner.warm_extend_plans() is False
