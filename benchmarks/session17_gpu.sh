@@ -15,7 +15,8 @@
 #             gap with lookahead) on the dummy Llama-3-8B 64k config
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
 #   MOE_S:    benchmarks/s18_moe_pdl_gpu.py (session 18: the decode MoE layer chained)
-#   AB_BATCH / AB_TOKENS: serve_ab's --batch / --new-tokens (default 1 / 48)
+#   AB_BATCH / AB_TOKENS: serve_ab's --batch / --new-tokens (default 1 / 48); AB_EXTRA: more
+#             serve_gpu_bench arguments (e.g. --profile)
 #   BAL_S:    benchmarks/s19_balance_gpu.py (session 19: the paged extend's balanced split)
 #   PACK:     the name of the archive the stages' outputs go back in ($OUT/s17_$PACK.tgz)
 # (written for session 17; sessions 18 and 19 added stages)
@@ -48,7 +49,8 @@ for r in "${runs[@]}"; do
   IFS='|' read -r tag m sets <<< "$r"
   [ -n "$tag" ] || continue
   stage ab_$tag "${AB_S:-0}" python benchmarks/serve_ab.py $sets -- --model "$m" \
-      --batch "${AB_BATCH:-1}" --new-tokens "${AB_TOKENS:-48}" --no-hf --json "$OUT/s17_ab_$tag.json"
+      --batch "${AB_BATCH:-1}" --new-tokens "${AB_TOKENS:-48}" --no-hf ${AB_EXTRA:-} \
+      --json "$OUT/s17_ab_$tag.json"
 done
 stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
     --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \
