@@ -208,20 +208,22 @@ class ModelRunner:
 
     @_under_policy
     def warm_extend_plans(self) -> bool:
-        """Build, without running, the extend plan of a later turn (16 new tokens over a
-        WARM_PREFIX-token cached prefix, the step's own policy, cache and dtype), so that the
+        """Build, without running, the extend plan of a later turn (16 new tokens over a cached
+        prefix of WARM_PREFIX tokens or what the context and pool hold; the step's own policy,
+        cache and dtype), so that the
         kernel build it selects (on sm_90 the CUDA paged extend's split + GQA-packed cubin,
         compiled by NVRTC at first use) is made at engine start, not in the first later turn
         of a session (H200: that turn took 188 ms against ~63 ms for the next ones, session
         19). Nothing is launched or kept. False where there is nothing to build this way (a CPU
-        runner, an MLA cache, a pool or context too small)."""
+        runner, an MLA cache, a context under 32 tokens)."""
         pool = self.pool
         if self.device.type != "cuda" or pool.is_mla:
             return False
-        new, total = 16, self.WARM_PREFIX + 16
-        pages = -(-total // pool.page_size)
-        if total > self.max_model_len or pages > pool.num_pages:
+        new = 16
+        total = min(self.WARM_PREFIX + new, self.max_model_len, pool.num_pages * pool.page_size)
+        if total < 2 * new:
             return False
+        pages = -(-total // pool.page_size)
         dev, i32 = self.device, torch.int32
         tskernels.attention.extend_plan(
             torch.tensor([0, new], dtype=i32, device=dev),

@@ -245,12 +245,12 @@ def test_later_turn_kernel_built_at_engine_start(tmp_path_factory):
     from serve.engine import SamplingParams
     from tskernels.ops import cuda_driver
 
-    eng = _llama_d128(tmp_path_factory, 2, max_model_len=8192)
+    eng = _llama_d128(tmp_path_factory, 2)   # 4096 positions: a 4080-token warm-up prefix
     builds = lambda: {k for k in cuda_driver._modules if "-DSPLIT" in k[3]}  # noqa: E731
     warmed = builds()
     assert any("-DPACK" in k[3] for k in warmed), warmed
     g = torch.Generator().manual_seed(1)
-    first = torch.randint(5, 500, (6100,), generator=g).tolist()
+    first = torch.randint(5, 500, (3900,), generator=g).tolist()
     sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, detokenize=False)
     eng.generate([first], sp)
     eng.add_request("later", first + torch.randint(5, 500, (16,), generator=g).tolist(), sp)
@@ -260,5 +260,5 @@ def test_later_turn_kernel_built_at_engine_start(tmp_path_factory):
             if o.request_id == "later" and o.new_token_ids:
                 cached = o.cached_tokens if cached is None else cached
                 tokens += o.new_token_ids
-    assert cached >= 6000 and len(tokens) == 2
+    assert cached >= 3800 and len(tokens) == 2
     assert builds() == warmed
