@@ -37,8 +37,9 @@ def test_split_work_covers_each_block_and_every_row_sees_a_key(n, pre, splits, g
     """group > 1: GQA-packed rows (token, head-in-group), row r at position pre + r // group."""
     bm = 128
     work = sp.split_work([n], [pre], splits, bm, bn, group)
-    lengths = [t1 - t0 for _, _, t0, t1, _ in work]
-    assert lengths == sorted(lengths, reverse=True)  # longest first
+    # launch order (sp.ITEM_ORDER "start"): by first tile, then longest first, then block
+    keys = [(t0, t0 - t1, b, j) for b, j, t0, t1, _ in work]
+    assert keys == sorted(keys)
     assert {j for _, j, *_ in work} == set(range(-(-n * group // bm)))
     for i in range(-(-n * group // bm)):
         mine = sorted((t0, t1, k) for b, j, t0, t1, k in work if j == i)
