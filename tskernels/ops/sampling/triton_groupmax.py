@@ -20,7 +20,9 @@ full read compacted the candidates; here:
      candidates behind a per-row atomic counter (their order is irrelevant: they are sorted),
   4. triton_sample._finish / _gm_race / _race_final: the <= CMAX candidate sort, or the
      exact bisection + split-V race for rows with no useful bound (temperature only, a
-     nucleus wider than the buffer).
+     nucleus wider than the buffer) over more than GMAX groups; a row without a bound that
+     has at most GMAX groups (a small vocabulary) is gathered whole as its candidates (it
+     took the bisection, 64 passes over the row, before).
 The fallback stages 3 and 4 run on two programs per SM that leave at once when no row needs
 them (their (row, chunk) grids cost 7 + 3 us of empty programs at B = 64, 27 + 8 at 256).
 A row's bound, candidate set and sums depend on its own logits only (CHUNK is a function of
@@ -180,9 +182,9 @@ def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr,
     n_g = tl.sum(sel_g.to(tl.int32), axis=0)
     state = tl.full((), 1, tl.int32)
     n = tl.full((), CMAX + 1, tl.int32)
-    if L == float("-inf"):
+    if (L == float("-inf")) & (n_g > GMAX):   # no bound and a large row: exact bisection
         n = tl.full((), CMAX + 1, tl.int32)
-    elif n_g <= GMAX:
+    elif n_g <= GMAX:   # (also without a bound: a small vocabulary is all candidates)
         tl.store(gid_ptr + row * GMAX + tl.cumsum(sel_g.to(tl.int32), axis=0) - 1, g,
                  mask=sel_g)
         tl.debug_barrier()
