@@ -111,6 +111,22 @@ def test_frequencies_match_the_reference_distribution(kernel_device):
         assert chi_square(counts, probs) < crit[max(len(allowed) - 1, 1)], (counts, probs)
 
 
+@pytest.mark.parametrize("v", [6, 9000])
+def test_rows_with_nothing_to_draw(kernel_device, v):
+    """A row of -inf only (e.g. a grammar mask that allows nothing) draws token 0 with a NaN
+    logprob, as torch.argmax / log_softmax give, on the candidate and the exact path, greedy or
+    not (it once read the logit at index 2**31 - 1); a row with one finite logit draws it."""
+    x = torch.full((4, v), float("-inf"))
+    x[1, 3] = x[3, v - 2] = 1.0
+    for temperature in (0.0, 1.0):
+        for cmax in (None, 1):
+            p = params(4, kernel_device, temperature, 4, 0.8, 0.05)
+            out = draw(x.to(kernel_device), cmax=cmax, **p)
+            assert out.token_ids.tolist() == [0, 3, 0, v - 2], (temperature, cmax)
+            lp = out.logprobs.cpu()
+            assert lp[[0, 2]].isnan().all() and lp[[1, 3]].tolist() == [0.0, 0.0]
+
+
 def test_large_vocab_distribution(kernel_device):
     """Real vocabulary, top-k 50 + top-p 0.9 + min-p 0.02: draws stay in the reference's kept
     set and follow its renormalised probabilities (GPU: 100k draws)."""

@@ -237,6 +237,7 @@ def _finish_candidates(x_ptr, cs_ptr, ci_ptr, stat_ptr, seed_ptr, step_ptr, tok_
     score = tl.where(keep, tl.where(greedy, 0.0, s + g), float("-inf"))
     best = tl.max(score, axis=0)
     tok = tl.min(tl.where(keep & (score == best), idx, 2147483647), axis=0)
+    tok = tl.where(tok == 2147483647, 0, tok)  # a row of -inf / NaN only: 0, as torch.argmax
     x = tl.load(x_ptr + row.to(tl.int64) * stride + tok).to(tl.float32)
     tl.store(tok_ptr + row, tok.to(tl.int64))
     tl.store(lp_ptr + row, x - tl.load(stat_ptr + row * 4 + 2))
@@ -327,6 +328,7 @@ def _race_final(x_ptr, stat_ptr, plan_ptr, rv_ptr, ri_ptr, tok_ptr, lp_ptr, stri
         i = tl.load(ri_ptr + row * S + c, mask=c < S, other=2147483647)
         best = tl.max(v, axis=0)
         tok = tl.min(tl.where((v == best) & (i < 2147483647), i, 2147483647), axis=0)
+        tok = tl.where(tok == 2147483647, 0, tok)  # nothing kept (a row of -inf / NaN): 0
         x = tl.load(x_ptr + row.to(tl.int64) * stride + tok).to(tl.float32)
         tl.store(tok_ptr + row, tok.to(tl.int64))
         tl.store(lp_ptr + row, x - tl.load(stat_ptr + row * 4 + 2))
