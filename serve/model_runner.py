@@ -190,8 +190,7 @@ class ModelRunner:
             from tskernels import cpu_graph
             if cpu_graph.available():   # (the C++ extension is built)
                 from .cpu_graph import CpuGraphs as graphs
-        if device.type == "cuda":
-            self.warm_extend_plans()
+        self.warm_extend_plans()   # (a no-op off CUDA)
         if graphs is not None:
             try:
                 self.graphs = graphs(self, args.max_num_seqs)
@@ -210,11 +209,10 @@ class ModelRunner:
     def warm_extend_plans(self) -> bool:
         """Build, without running, the extend plan of a later turn (16 new tokens over a cached
         prefix of WARM_PREFIX tokens or what the context and pool hold; the step's own policy,
-        cache and dtype), so that the
-        kernel build it selects (on sm_90 the CUDA paged extend's split + GQA-packed cubin,
-        compiled by NVRTC at first use) is made at engine start, not in the first later turn
-        of a session (H200: that turn took 188 ms against ~63 ms for the next ones, session
-        19). Nothing is launched or kept. False where there is nothing to build this way (a CPU
+        cache and dtype), so that the kernel build it selects (on sm_90 the CUDA paged extend's
+        split + GQA-packed cubin, compiled by NVRTC at first use: 128 ms cold on the H200,
+        session 19) is made at engine start, not in the first later turn of a session. Nothing
+        is launched or kept. False where there is nothing to build this way (a CPU
         runner, an MLA cache, a context under 32 tokens)."""
         pool = self.pool
         if self.device.type != "cuda" or pool.is_mla:
