@@ -15,6 +15,11 @@ skipped (ours still reported) when the budget runs out. JSON: $OUT/s15_gdn.json,
 after every step; a short table last.
 
     python benchmarks/s15_gdn_gpu.py $OUT 230        # OUT, total seconds budget
+
+Later sessions reuse it through the environment: GDN_OLD / GDN_NEW (JSON: the baseline tuning
+and the list of variants; the profile runs the baseline and GDN_NEW's first entry), GDN_TESTS
+(JSON list of [pytest -k expression, seconds]) and GDN_TAG (the JSON files' prefix instead of
+"s15").
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ TESTS = "tests/kernels/test_gdn.py"
 # (the deterministic tests first, then the hypothesis one, each under its own limit)
 TEST_K = [("launch_variants or pieces_equal_one_prefill_and or unknown_variant", 45),
           ("wy64_prefill_matches", 35)]
+TEST_K = [tuple(t) for t in json.loads(os.environ["GDN_TESTS"])] if "GDN_TESTS" in os.environ \
+    else TEST_K
 SHAPES = [{"T": 4096, "N": 1}, {"T": 16384, "N": 1}, {"T": 65536, "N": 1}, {"T": 32768, "N": 8}]
 OLD = {"variant": "fused"}
 NEW = [{"variant": "wy64"},                              # 8 warps, [4,16,16] solve, 64 cols
@@ -39,6 +46,9 @@ NEW = [{"variant": "wy64"},                              # 8 warps, [4,16,16] so
        {"variant": "wy64", "wy_warps": 4},
        {"variant": "wy64", "wy_cols": 128},
        {"variant": "wy64", "state_stages": 4}]
+OLD = json.loads(os.environ.get("GDN_OLD", "null")) or OLD
+NEW = json.loads(os.environ.get("GDN_NEW", "null")) or NEW
+TAG = os.environ.get("GDN_TAG", "s15")
 PROFILE_SHAPE = {"T": 16384, "N": 1}
 ITERS = 12
 DEV = "cuda"
@@ -128,7 +138,7 @@ def child(out: Path, deadline: float) -> int:
     spec = next(k for k in tskernels.kernels("gdn", "chunk_prefill") if k.backend == "triton")
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shapes": [],
            "device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "iters": ITERS, "profile": {}}
-    path = out / "s15_gdn.json"
+    path = out / f"{TAG}_gdn.json"
     save = lambda: path.write_text(json.dumps(res, indent=1))  # noqa: E731
 
     def ours(tuning):
@@ -233,7 +243,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     tests = [_pytest(k, min(limit, budget * 0.2)) for k, limit in TEST_K]
-    (out / "s15_gdn_tests.json").write_text(json.dumps(tests, indent=1))
+    (out / f"{TAG}_gdn_tests.json").write_text(json.dumps(tests, indent=1))
     left = budget - (time.time() - start) - 5
     deadline = time.time() + left
     try:
@@ -242,7 +252,7 @@ def main() -> int:
     except subprocess.TimeoutExpired:
         print(f"stage 2 hit its {left:.0f} s limit (JSON holds what finished)", flush=True)
     try:
-        _table(json.loads((out / "s15_gdn.json").read_text()))
+        _table(json.loads((out / f"{TAG}_gdn.json").read_text()))
     except (OSError, ValueError, KeyError) as e:
         print(f"no stage 2 results: {e!r}")
     print(f"total {time.time() - start:.0f} s; tests rc {[t['rc'] for t in tests]}", flush=True)

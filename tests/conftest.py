@@ -29,6 +29,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if HAS_CUDA els
 
 KERNEL_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
+# pytest-xdist workers (the README's test command runs two, one per core of the CI machine)
+# share the cores: each gets its share of torch's intra-op threads instead of all of them
+# (two workers x two OpenMP threads on two cores spin against each other)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _WORKERS > 1 and not HAS_CUDA:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 
 def pytest_collection_modifyitems(config, items):
     gpu_only = pytest.mark.skip(reason="needs a CUDA device (GPU tier: run with -m gpu there)")

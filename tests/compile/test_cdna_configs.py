@@ -2,7 +2,7 @@
 kernel's gfx942 / gfx950 tiles differ from the NVIDIA ones where the hardware differs (64 KB vs
 160 KB of LDS, wave 64), fit the arch's LDS, and are the ones the compile matrix builds for
 those archs (with the AMD launch options), where it must show MFMA and no scratch
-(test_compile_matrix.py, test_compile_resources.py)."""
+(test_compile_matrix.py)."""
 from __future__ import annotations
 
 import torch

@@ -227,7 +227,12 @@ _LAUNCH_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="warps / stages only: the
     {"variant": "wy64"}, pytest.param({"variant": "wy64", "wy_warps": 4}, marks=_LAUNCH_ONLY),
     {"variant": "wy64", "wy_reload": False}, {"variant": "wy64", "wy_diag_x4": False},
     {"variant": "wy64", "wy_cols": 16},
-    pytest.param({"variant": "wy64", "state_stages": 2}, marks=_LAUNCH_ONLY)])
+    pytest.param({"variant": "wy64", "state_stages": 2}, marks=_LAUNCH_ONLY),
+    {"wy_solve": "subst"}, {"wy_solve": "pow"}, {"wy_solve": "subst", "out_bv": 64},
+    {"variant": "split"}, {"variant": "split", "wy_solve": "subst"},
+    pytest.param({"variant": "split", "wy_apply_warps": 8}, marks=_LAUNCH_ONLY),
+    {"norm_rows": 16}, {"norm_rows": 1}, {"out_bv": 16}, {"out_bv": 32, "wy_solve": "pow"},
+    {"out_bv": 64}, pytest.param({"out_warps": 8, "out_bv": 64}, marks=_LAUNCH_ONLY)])
 def test_prefill_launch_variants(kernel_device, tuning):
     """The launch overrides the H200 sweep timed compute the same values."""
     x = problem([70, 0, 1, 66], 2, 2, *VARIANT_DIMS, DTYPES[-1], kernel_device, 3)
@@ -306,7 +311,9 @@ def test_wy64_pieces_equal_one_prefill_and_fused(kernel_device, dtype):
     assert_close(state, one_s.double(), dtype, name="wy64 pieces state")
 
 
-def test_prefill_rejects_unknown_variant():
+@pytest.mark.parametrize("tuning, match", [({"variant": "wgmma"}, "variant"),
+                                           ({"wy_solve": "lu"}, "wy_solve")])
+def test_prefill_rejects_unknown_variant(tuning, match):
     x = problem([3], 1, 1, 16, 16, torch.float32, "cpu", 0)
-    with pytest.raises(ValueError, match="variant"):
-        _prefill_fn(x, {"variant": "wgmma"})
+    with pytest.raises(ValueError, match=match):
+        _prefill_fn(x, tuning)

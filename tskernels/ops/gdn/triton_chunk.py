@@ -32,13 +32,23 @@ from .._common import TRITON
 from . import _tune
 from ..shared.ragged import block_offsets, locate_block, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
-from ._wy64 import _dot, _inv_unit_lower, _mm, _wy64_kernel
+from ._wy64 import _dot, _inv_unit_lower, _inv_unit_lower_pow, _mm, _wy64_kernel
 
 # The WY launch a plain call gets: "fused" (`_wy_kernel`, 16-row products, run-verified) or
 # "wy64" (`_wy64_kernel`: the chunk's K K^T, W and U as 64-row products, wgmma on sm_90;
 # compile- and interpreter-verified only until its H200 run). Switching the default is this line.
 DEFAULT_VARIANT = "fused"
-VARIANTS = ("fused", "wy64")
+VARIANTS = ("fused", "wy64", "split")
+# The fused WY kernel's diagonal 16 x 16 solve: "subst" (14-step forward substitution) or
+# "pow" (the product (I + n)(I + n^2)(I + n^4)(I + n^8), no serial chain: the WY kernel
+# 752 -> 527 us at T = 16k on the H200, benchmarks/RESULTS.md session 20)
+DEFAULT_SOLVE = "pow"
+SOLVES = ("subst", "pow")
+# the output kernel's launch: warps and value columns per program. H200, session 20, whole
+# prefill at T = 16k: 4 warps x 128 columns 1220.9 us, x 64 columns 1244.2, 8 warps x 64
+# 1752.6; the output kernel alone 448 us at 8 warps x 128 (the old launch), 295 at 4 x 64
+OUT_WARPS = 4
+OUT_BV = 128
 WY64_WARPS = 8
 WY64_COLS = 64  # the W / U products' column piece
 
@@ -47,22 +57,13 @@ BC = tl.constexpr(16)  # sub-block of the in-chunk solve
 
 
 @triton.jit
-def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_ptr, N,
-               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True):
-    c = tl.program_id(0)
-    hv = tl.program_id(1)
-    if c >= tl.load(coff_ptr + N):
-        return
-    n = locate_block(coff_ptr, c, N, LOG_N)
-    bos = tl.load(cu_ptr + n).to(tl.int64)
-    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
-    hk = hv // (HV // HK)
+def _chunk_T(k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk,
+             HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr,
+             SOLVE_POW: tl.constexpr):
+    """One chunk's cumulative decay G (stored), beta, key tiles and the ten 16 x 16 blocks of
+    T = (I + A)^-1 (fp32), as a tuple (see the module docstring)."""
     o = tl.arange(0, BC)
     ok = tl.arange(0, K)
-    ov = tl.arange(0, V)
-    dt = k_ptr.dtype.element_ty
 
     # rows of sub-block b: t0 + 16 b + o; masked rows load zeros and contribute nothing
     r0, r1, r2, r3 = t0 + o, t0 + BC + o, t0 + 2 * BC + o, t0 + 3 * BC + o
@@ -101,16 +102,46 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
 
     # T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
     # T_ij = -T_ii sum_(j <= m < i) A_im T_mj
-    t00 = _inv_unit_lower(a00, o)
-    t11 = _inv_unit_lower(a11, o)
-    t22 = _inv_unit_lower(a22, o)
-    t33 = _inv_unit_lower(a33, o)
+    if SOLVE_POW:  # six independent-ish products per block instead of a 14-step chain
+        t00 = _inv_unit_lower_pow(a00, o)
+        t11 = _inv_unit_lower_pow(a11, o)
+        t22 = _inv_unit_lower_pow(a22, o)
+        t33 = _inv_unit_lower_pow(a33, o)
+    else:
+        t00 = _inv_unit_lower(a00, o)
+        t11 = _inv_unit_lower(a11, o)
+        t22 = _inv_unit_lower(a22, o)
+        t33 = _inv_unit_lower(a33, o)
     t10 = -_mm(t11, _mm(a10, t00))
     t21 = -_mm(t22, _mm(a21, t11))
     t32 = -_mm(t33, _mm(a32, t22))
     t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
     t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
     t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+
+    return (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
+            k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok)
+
+
+@triton.jit
+def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_ptr, N,
+               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True,
+               SOLVE_POW: tl.constexpr = False):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    if c >= tl.load(coff_ptr + N):
+        return
+    n = locate_block(coff_ptr, c, N, LOG_N)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    hk = hv // (HV // HK)
+    (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
+     k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok) = _chunk_T(
+        k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk, HK, HV, K, PREC, SOLVE_POW)
+    ov = tl.arange(0, V)
+    dt = k_ptr.dtype.element_ty
 
     # W = T (beta e^G K), U = T (beta V), in the activations' dtype. RELOAD_K: the key tiles
     # are read again (L1 / L2 hits) instead of being held live across the solve (8 warps: 188
@@ -161,6 +192,77 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
 
 
 @triton.jit
+def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
+                     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, LOG_N: tl.constexpr,
+                     PREC: tl.constexpr, SOLVE_POW: tl.constexpr):
+    """"split" variant, first half: `_wy_kernel`'s G and T, T stored as a [64, 64] tile in the
+    activations' dtype (its ten lower blocks; the six upper ones are never written: the apply
+    kernel masks them), which is the precision the fused kernel's W / U products use too."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    if c >= tl.load(coff_ptr + N):
+        return
+    n = locate_block(coff_ptr, c, N, LOG_N)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    hk = hv // (HV // HK)
+    (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
+     k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok) = _chunk_T(
+        k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk, HK, HV, K, PREC, SOLVE_POW)
+    dt = k_ptr.dtype.element_ty
+    tp = t_ptr + (c.to(tl.int64) * HV + hv) * (BT * BT) + o[:, None] * BT + o[None, :]
+    tl.store(tp, t00.to(dt))
+    tl.store(tp + BC * BT, t10.to(dt))
+    tl.store(tp + BC * BT + BC, t11.to(dt))
+    tl.store(tp + 2 * BC * BT, t20.to(dt))
+    tl.store(tp + 2 * BC * BT + BC, t21.to(dt))
+    tl.store(tp + 2 * BC * BT + 2 * BC, t22.to(dt))
+    tl.store(tp + 3 * BC * BT, t30.to(dt))
+    tl.store(tp + 3 * BC * BT + BC, t31.to(dt))
+    tl.store(tp + 3 * BC * BT + 2 * BC, t32.to(dt))
+    tl.store(tp + 3 * BC * BT + 3 * BC, t33.to(dt))
+
+
+@triton.jit
+def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, cu_ptr, coff_ptr, N,
+                     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     LOG_N: tl.constexpr, PREC: tl.constexpr):
+    """"split" variant, second half: W = T (beta e^G K) and U = T (beta V) as 64-row products
+    (wgmma on sm_90) from the stored T."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    if c >= tl.load(coff_ptr + N):
+        return
+    n = locate_block(coff_ptr, c, N, LOG_N)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    hk = hv // (HV // HK)
+    ot = tl.arange(0, BT)
+    ok = tl.arange(0, K)
+    ov = tl.arange(0, V)
+    dt = k_ptr.dtype.element_ty
+    rows = bos + t0 + ot
+    m = t0 + ot < length
+    lower = (ot[:, None] // BC) >= (ot[None, :] // BC)
+    tt = tl.load(t_ptr + (c.to(tl.int64) * HV + hv) * (BT * BT) + ot[:, None] * BT + ot[None, :],
+                 mask=lower, other=0.0)
+    beta = tl.load(beta_ptr + rows * HV + hv, mask=m, other=0.0).to(tl.float32)
+    G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
+    kk = tl.load(k_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None],
+                 other=0.0)
+    kw = (kk * (beta * tl.exp(G))[:, None]).to(dt)
+    tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :],
+             _dot(tt, kw, IEEE=PREC).to(dt), mask=m[:, None])
+    vv = tl.load(v_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], mask=m[:, None],
+                 other=0.0)
+    vb = (vv * beta[:, None]).to(dt)
+    tl.store(u_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :],
+             _dot(tt, vb, IEEE=PREC).to(dt), mask=m[:, None])
+
+
+@triton.jit
 def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_ptr, coff_ptr,
                   HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
@@ -204,8 +306,12 @@ def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_
 @triton.jit
 def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, N, scale,
                    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   LOG_N: tl.constexpr, PREC: tl.constexpr):
-    c = tl.program_id(0)
+                   LOG_N: tl.constexpr, PREC: tl.constexpr, BV: tl.constexpr = None):
+    # BV < V: V // BV programs per (chunk, head), adjacent in launch order (they share the
+    # chunk's q / k through L2), each recomputing the [64, 64] Q K^T for its value columns
+    NVB: tl.constexpr = V // BV
+    c = tl.program_id(0) // NVB
+    iv = tl.program_id(0) % NVB
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
@@ -216,7 +322,7 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     hk = hv // (HV // HK)
     ot = tl.arange(0, BT)
     ok = tl.arange(0, K)
-    ov = tl.arange(0, V)
+    ov = iv * BV + tl.arange(0, BV)
     dt = q_ptr.dtype.element_ty
     rows = bos + t0 + ot
     m = t0 + ot < length
@@ -235,8 +341,11 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
 
 
 @triton.jit
-def _l2norm_kernel(x_ptr, y_ptr, rows, D: tl.constexpr, ROWS: tl.constexpr):
-    """y = x / sqrt(sum(x^2) + 1e-6) per row of length D (q and k of Qwen3-Next's GDN)."""
+def _l2norm_kernel(x_ptr, y_ptr, x2_ptr, y2_ptr, rows, D: tl.constexpr, ROWS: tl.constexpr):
+    """y = x / sqrt(sum(x^2) + 1e-6) per row of length D (q and k of Qwen3-Next's GDN); a
+    second program column (grid axis 1) does x2 -> y2 (k with q: one launch)."""
+    if tl.program_id(1) == 1:
+        x_ptr, y_ptr = x2_ptr, y2_ptr
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, D)
     m = r < rows
@@ -247,14 +356,24 @@ def _l2norm_kernel(x_ptr, y_ptr, rows, D: tl.constexpr, ROWS: tl.constexpr):
              mask=m[:, None])
 
 
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """Row-wise L2 normalisation of a contiguous [..., D] tensor (D a power of two)."""
+NORM_ROWS = 64  # rows per program of the L2 norm (16 took 32 us per tensor at T = 16k)
+
+
+def l2norm(x: torch.Tensor, x2: torch.Tensor | None = None, rows_per_program: int = NORM_ROWS):
+    """Row-wise L2 normalisation of a contiguous [..., D] tensor (D a power of two); with x2
+    (same shape), both in one launch and a pair back."""
     d = x.shape[-1]
     y = torch.empty_like(x)
+    y2 = None if x2 is None else torch.empty_like(x2)
+    if x2 is not None and x2.shape != x.shape:
+        raise ValueError(f"l2norm: x2 {tuple(x2.shape)} differs from x {tuple(x.shape)}")
     rows = x.numel() // d
     if rows:
-        _l2norm_kernel[(triton.cdiv(rows, 16),)](x, y, rows, D=d, ROWS=16, num_warps=4)
-    return y
+        pair = x2 is not None
+        _l2norm_kernel[(triton.cdiv(rows, rows_per_program), 2 if pair else 1)](
+            x, y, x2 if pair else x, y2 if pair else y, rows, D=d, ROWS=rows_per_program,
+            num_warps=4)
+    return y if x2 is None else (y, y2)
 
 
 def _prec(dtype: torch.dtype) -> bool:
@@ -274,8 +393,9 @@ CDNA_ARCHS = ("gfx942", "gfx950")
 CDNA_STATE = {"gfx942": (16, 2), "gfx950": (16, 3)}
 # WY and state kernels: 16 x 16 MFMA (the WY solve's sub-blocks are 16 rows; 16 value
 # columns in the state kernel). The WY kernel keeps 4 waves (one per SIMD of a CU; 2 waves
-# saved 4 of 248 VGPRs) and the output kernel NVIDIA's 8 at V >= 128 (4 waves took 327 VGPRs,
-# one wave per SIMD; 8: 232) with the compiler's 32 x 32 MFMA for its 64 x 128 tiles
+# saved 4 of 248 VGPRs) and the output kernel 8 at V >= 128 (4 waves, NVIDIA's launch since
+# session 20, took 327 VGPRs: one wave per SIMD; 8: 232) with the compiler's 32 x 32 MFMA for
+# its 64 x 128 tiles
 CDNA_OPTIONS = {"matrix_instr_nonkdim": 16}
 _arch: dict[torch.device, str | None] = {}
 
@@ -299,14 +419,20 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     """Triton chunked gated delta rule (WY / UT form, chunk 64, fp32 state).
 
     tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
-    default DEFAULT_VARIANT), "state_bv", "state_stages", "wy_warps", "wy_reload",
-    "wy_diag_x4", "wy_cols" (wy64), "out_warps"})."""
+    default DEFAULT_VARIANT), "wy_solve": "subst" / "pow" (the fused WY kernel's diagonal
+    solve, default DEFAULT_SOLVE), "state_bv", "state_stages", "wy_warps", "wy_reload",
+    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" (split),
+    "out_warps", "out_bv" (the output kernel's value columns per
+    program), "norm_rows"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
                                           q.device)
     variant = tuning.get("variant", DEFAULT_VARIANT)
     if variant not in VARIANTS:
         raise ValueError(f"tuning: expected variant in {VARIANTS}, got {variant!r}")
+    solve = tuning.get("wy_solve", DEFAULT_SOLVE)
+    if solve not in SOLVES:
+        raise ValueError(f"tuning: expected wy_solve in {SOLVES}, got {solve!r}")
     total, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     num_seqs = cu_seqlens.shape[0] - 1
@@ -316,7 +442,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     g = g.contiguous().float()
     beta = beta.contiguous()
     if use_qk_l2norm:
-        q, k = l2norm(q), l2norm(k)
+        q, k = l2norm(q, k, tuning.get("norm_rows", NORM_ROWS))
     cu = cu_seqlens.to(torch.int32).contiguous()
     coff = block_offsets(cu, CHUNK)
     max_chunks = total // CHUNK + num_seqs
@@ -324,8 +450,6 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     G = torch.empty(total, hv, dtype=torch.float32, device=dev)
     w = torch.empty(total, hv, dk, dtype=dt, device=dev)
     u = torch.empty(total, hv, dv, dtype=dt, device=dev)
-    vn = torch.empty(total, hv, dv, dtype=dt, device=dev)
-    h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
     o = torch.empty(total, hv, dv, dtype=dt, device=dev)
     final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
     log_n = search_steps(num_seqs)
@@ -343,10 +467,21 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
                                        VC=min(dv, tuning.get("wy_cols", WY64_COLS)),
                                        num_warps=tuning.get("wy_warps", WY64_WARPS), **amd)
         del scratch
+    elif max_chunks and variant == "split":
+        tbuf = torch.empty(max_chunks, hv, CHUNK, CHUNK, dtype=dt, device=dev)
+        _wy_solve_kernel[(max_chunks, hv)](k, g, beta, cu, coff, G, tbuf, num_seqs, HK=hk, HV=hv,
+                                           K=dk, LOG_N=log_n, PREC=prec,
+                                           SOLVE_POW=solve == "pow",
+                                           num_warps=tuning.get("wy_warps", 4), **amd)
+        _wy_apply_kernel[(max_chunks, hv)](k, v, beta, G, tbuf, w, u, cu, coff, num_seqs, HK=hk,
+                                           HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
+                                           num_warps=tuning.get("wy_apply_warps", 4), **amd)
+        del tbuf
     elif max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
                                      K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                      RELOAD_K=tuning.get("wy_reload", dk >= 128),
+                                     SOLVE_POW=solve == "pow",
                                      num_warps=tuning.get("wy_warps", 4), **amd)
     h0 = initial_state.contiguous().float() if initial_state is not None else final
     state_bv, state_stages = CDNA_STATE[arch] if arch else (32, None)
@@ -354,14 +489,19 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     stages = {"num_stages": state_stages, **amd} if arch else {}
     if "state_stages" in tuning:
         stages["num_stages"] = tuning["state_stages"]
+    # (CDNA keeps 8 waves at V >= 128: 4 took 327 VGPRs, one wave per SIMD; see CDNA_OPTIONS)
+    out_warps = tuning.get("out_warps", 8 if arch and dv >= 128 else OUT_WARPS)
+    vn = torch.empty(total, hv, dv, dtype=dt, device=dev)
+    h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
     _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
                                              K=dk, V=dv, BV=bv, HAS_H0=initial_state is not None,
                                              PREC=prec, num_warps=4, **stages)
     if max_chunks:
-        _output_kernel[(max_chunks, hv)](q, k, vn, h, G, o, cu, coff, num_seqs, scale, HK=hk,
-                                         HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
-                                         num_warps=tuning.get("out_warps",
-                                                              8 if dv >= 128 else 4))
+        obv = min(dv, tuning.get("out_bv", OUT_BV))
+        _output_kernel[(max_chunks * (dv // obv), hv)](q, k, vn, h, G, o, cu, coff, num_seqs,
+                                                       scale, HK=hk, HV=hv, K=dk, V=dv,
+                                                       LOG_N=log_n, PREC=prec, BV=obv,
+                                                       num_warps=out_warps)
     return o, final
 
 
@@ -372,6 +512,10 @@ def _cases():
     wy64 = {a: wy[a] for a in ("k_ptr", "v_ptr", "g_ptr", "beta_ptr", "cu_ptr", "coff_ptr",
                                "G_ptr")}
     wy64.update(a_ptr="*fp32", w_ptr="*bf16", u_ptr="*bf16", N="i32")
+    solve = {"k_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*bf16", **common, "G_ptr": "*fp32",
+             "t_ptr": "*bf16", "N": "i32"}
+    apply = {"k_ptr": "*bf16", "v_ptr": "*bf16", "beta_ptr": "*bf16", "G_ptr": "*fp32",
+             "t_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", **common, "N": "i32"}
     st = {"k_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "G_ptr": "*fp32",
           "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common}
     out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
@@ -381,8 +525,8 @@ def _cases():
         # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
         # 4 warps (two programs per SM) with the key reload: 24 bytes spilled on sm_90 and
         # 1.37x faster than the spill-free 8-warp launch (benchmarks/RESULTS.md, issue 23)
-        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=True), num_warps=4,
-                    uses_dot=True, narrow_dot=True, label="wy"),
+        CompileCase(_wy_kernel, wy, dict(heads, LOG_N=4, RELOAD_K=True, SOLVE_POW=True),
+                    num_warps=4, uses_dot=True, narrow_dot=True, label="wy"),
         # the "wy64" variant: K K^T, W and U as 64-row products (wgmma on sm_90). sm_90, no
         # spill: 8 warps 170 registers with the [4, 16, 16] diagonal solve, 128 without (two
         # CTAs per SM); 4 warps 255 / 252
@@ -391,10 +535,17 @@ def _cases():
                     num_warps=WY64_WARPS, uses_dot=True, label="wy64"),
         CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
                     uses_dot=True, label="state"),
-        CompileCase(_output_kernel, out, dict(heads, LOG_N=4), num_warps=8, uses_dot=True,
-                    label="output"),
-        CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "rows": "i32"},
-                    dict(D=128, ROWS=16), num_warps=4, label="l2norm"),
+        CompileCase(_output_kernel, out, dict(heads, LOG_N=4, BV=OUT_BV), num_warps=OUT_WARPS,
+                    uses_dot=True, label="output"),
+        # the "split" variant's two halves (T through memory; W / U as 64-row products)
+        CompileCase(_wy_solve_kernel, solve, dict(HK=16, HV=32, K=128, PREC=False, LOG_N=4,
+                                                   SOLVE_POW=True), num_warps=4, uses_dot=True,
+                    narrow_dot=True, label="wy_solve"),
+        CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4), num_warps=4, uses_dot=True,
+                    label="wy_apply"),
+        CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "x2_ptr": "*bf16",
+                                     "y2_ptr": "*bf16", "rows": "i32"},
+                    dict(D=128, ROWS=NORM_ROWS), num_warps=4, label="l2norm"),
     ]
     # the dot cases above are the NVIDIA launches; CDNA builds its own (chunk_prefill on
     # gfx942 / gfx950)
@@ -409,5 +560,6 @@ def _cases():
                                     label=f"wy_{arch}"),
                 dataclasses.replace(st, constexprs=dict(st.constexprs, BV=bv), num_stages=ns,
                                     targets=(arch,), options=opts, label=f"state_{arch}"),
-                dataclasses.replace(o, targets=(arch,), num_stages=2, label=f"output_{arch}")]
+                dataclasses.replace(o, targets=(arch,), num_stages=2, num_warps=8,
+                                    label=f"output_{arch}")]
     return out
