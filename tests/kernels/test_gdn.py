@@ -231,6 +231,11 @@ _LAUNCH_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="warps / stages only: the
     {"wy_solve": "subst"}, {"wy_solve": "pow"}, {"wy_solve": "subst", "out_bv": 64},
     {"variant": "split"}, {"variant": "split", "wy_solve": "subst"},
     pytest.param({"variant": "split", "wy_apply_warps": 8}, marks=_LAUNCH_ONLY),
+    {"variant": "split", "wy_bk": 16}, {"variant": "split", "wy_tf32": True, "wy_warps": 2},
+    {"variant": "split", "wy_tf32": True}, {"variant": "split", "wy_tf32": False},
+    pytest.param({"variant": "split", "wy_warps": 2}, marks=_LAUNCH_ONLY),
+    {"variant": "split", "wy_bk": 64, "wy_warps": 2, "wy_tf32": True},
+    {"variant": "split", "wy_solve": "subst", "wy_tf32": True, "wy_warps": 1},
     {"norm_rows": 16}, {"norm_rows": 1}, {"out_bv": 16}, {"out_bv": 32, "wy_solve": "pow"},
     {"out_bv": 64}, pytest.param({"out_warps": 8, "out_bv": 64}, marks=_LAUNCH_ONLY)])
 def test_prefill_launch_variants(kernel_device, tuning):

@@ -49,6 +49,10 @@ SOLVES = ("subst", "pow")
 # 1752.6; the output kernel alone 448 us at 8 warps x 128 (the old launch), 295 at 4 x 64
 OUT_WARPS = 4
 OUT_BV = 128
+# the "split" variant's solve kernel: warps and key columns per K K^T piece
+SPLIT_WARPS = 4
+SPLIT_BK = 32
+SPLIT_TF32 = False
 WY64_WARPS = 8
 WY64_COLS = 64  # the W / U products' column piece
 
@@ -57,14 +61,8 @@ BC = tl.constexpr(16)  # sub-block of the in-chunk solve
 
 
 @triton.jit
-def _chunk_T(k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk,
-             HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr,
-             SOLVE_POW: tl.constexpr):
-    """One chunk's cumulative decay G (stored), beta, key tiles and the ten 16 x 16 blocks of
-    T = (I + A)^-1 (fp32), as a tuple (see the module docstring)."""
-    o = tl.arange(0, BC)
-    ok = tl.arange(0, K)
-
+def _chunk_gates(g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, o, HV: tl.constexpr):
+    """The chunk's four 16-row sub-blocks: cumulative decay G (also stored), beta, rows, masks."""
     # rows of sub-block b: t0 + 16 b + o; masked rows load zeros and contribute nothing
     r0, r1, r2, r3 = t0 + o, t0 + BC + o, t0 + 2 * BC + o, t0 + 3 * BC + o
     m0, m1, m2, m3 = r0 < length, r1 < length, r2 < length, r3 < length
@@ -81,6 +79,55 @@ def _chunk_T(k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk,
     b2 = tl.load(beta_ptr + (bos + r2) * HV + hv, mask=m2, other=0.0).to(tl.float32)
     b3 = tl.load(beta_ptr + (bos + r3) * HV + hv, mask=m3, other=0.0).to(tl.float32)
 
+    return g0, g1, g2, g3, b0, b1, b2, b3, r0, r1, r2, r3, m0, m1, m2, m3
+
+
+@triton.jit
+def _mmp(a, b, TF32: tl.constexpr):
+    """fp32 product of two small fp32 tiles: exact (FMA), or on tf32 tensor cores (10-bit
+    mantissa: finer than the bf16 / fp16 T the W / U products then use)."""
+    if TF32:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return _mm(a, b)
+
+
+@triton.jit
+def _solve_blocks(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, o, SOLVE_POW: tl.constexpr,
+                  TF32: tl.constexpr):
+    """The ten 16 x 16 blocks of T = (I + A)^-1 from A's (fp32)."""
+    # T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
+    # T_ij = -T_ii sum_(j <= m < i) A_im T_mj
+    if SOLVE_POW:  # six independent-ish products per block instead of a 14-step chain
+        t00 = _inv_unit_lower_pow(a00, o)
+        t11 = _inv_unit_lower_pow(a11, o)
+        t22 = _inv_unit_lower_pow(a22, o)
+        t33 = _inv_unit_lower_pow(a33, o)
+    else:
+        t00 = _inv_unit_lower(a00, o)
+        t11 = _inv_unit_lower(a11, o)
+        t22 = _inv_unit_lower(a22, o)
+        t33 = _inv_unit_lower(a33, o)
+    t10 = -_mmp(t11, _mmp(a10, t00, TF32), TF32)
+    t21 = -_mmp(t22, _mmp(a21, t11, TF32), TF32)
+    t32 = -_mmp(t33, _mmp(a32, t22, TF32), TF32)
+    t20 = -_mmp(t22, _mmp(a20, t00, TF32) + _mmp(a21, t10, TF32), TF32)
+    t31 = -_mmp(t33, _mmp(a31, t11, TF32) + _mmp(a32, t21, TF32), TF32)
+    t30 = -_mmp(t33, _mmp(a30, t00, TF32) + _mmp(a31, t10, TF32) + _mmp(a32, t20, TF32), TF32)
+    return t00, t10, t11, t20, t21, t22, t30, t31, t32, t33
+
+
+@triton.jit
+def _chunk_T(k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk,
+             HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, PREC: tl.constexpr,
+             SOLVE_POW: tl.constexpr):
+    """One chunk's cumulative decay G (stored), beta, key tiles and the ten 16 x 16 blocks of
+    T = (I + A)^-1 (fp32), as a tuple (see the module docstring)."""
+    o = tl.arange(0, BC)
+    ok = tl.arange(0, K)
+
+    (g0, g1, g2, g3, b0, b1, b2, b3, r0, r1, r2, r3, m0, m1, m2, m3) = _chunk_gates(
+        g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, o, HV)
     kp = k_ptr + hk * K + ok[None, :]
     k0 = tl.load(kp + (bos + r0)[:, None] * (HK * K), mask=m0[:, None], other=0.0)
     k1 = tl.load(kp + (bos + r1)[:, None] * (HK * K), mask=m1[:, None], other=0.0)
@@ -100,24 +147,8 @@ def _chunk_T(k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk,
     a31 = _dot(k3, tl.trans(k1), IEEE=PREC) * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
     a32 = _dot(k3, tl.trans(k2), IEEE=PREC) * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
 
-    # T = (I + A)^-1, block lower triangular: T_ii = (I + A_ii)^-1,
-    # T_ij = -T_ii sum_(j <= m < i) A_im T_mj
-    if SOLVE_POW:  # six independent-ish products per block instead of a 14-step chain
-        t00 = _inv_unit_lower_pow(a00, o)
-        t11 = _inv_unit_lower_pow(a11, o)
-        t22 = _inv_unit_lower_pow(a22, o)
-        t33 = _inv_unit_lower_pow(a33, o)
-    else:
-        t00 = _inv_unit_lower(a00, o)
-        t11 = _inv_unit_lower(a11, o)
-        t22 = _inv_unit_lower(a22, o)
-        t33 = _inv_unit_lower(a33, o)
-    t10 = -_mm(t11, _mm(a10, t00))
-    t21 = -_mm(t22, _mm(a21, t11))
-    t32 = -_mm(t33, _mm(a32, t22))
-    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
-    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
-    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+    (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33) = _solve_blocks(
+        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, o, SOLVE_POW, False)
 
     return (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
             k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok)
@@ -194,7 +225,8 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
 @triton.jit
 def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
                      HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, LOG_N: tl.constexpr,
-                     PREC: tl.constexpr, SOLVE_POW: tl.constexpr):
+                     PREC: tl.constexpr, SOLVE_POW: tl.constexpr, BK: tl.constexpr = 32,
+                     TF32: tl.constexpr = False):
     """"split" variant, first half: `_wy_kernel`'s G and T, T stored as a [64, 64] tile in the
     activations' dtype (its ten lower blocks; the six upper ones are never written: the apply
     kernel masks them), which is the precision the fused kernel's W / U products use too."""
@@ -207,9 +239,50 @@ def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
     length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
     t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
     hk = hv // (HV // HK)
-    (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
-     k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok) = _chunk_T(
-        k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk, HK, HV, K, PREC, SOLVE_POW)
+    o = tl.arange(0, BC)
+    (g0, g1, g2, g3, b0, b1, b2, b3, r0, r1, r2, r3, m0, m1, m2, m3) = _chunk_gates(
+        g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, o, HV)
+    # K K^T blocks over BK-column pieces of the keys (few live registers: the launch can be one
+    # or two warps, whose solve reductions stay inside a warp)
+    d00 = tl.zeros([BC, BC], dtype=tl.float32)
+    d10 = tl.zeros([BC, BC], dtype=tl.float32)
+    d11 = tl.zeros([BC, BC], dtype=tl.float32)
+    d20 = tl.zeros([BC, BC], dtype=tl.float32)
+    d21 = tl.zeros([BC, BC], dtype=tl.float32)
+    d22 = tl.zeros([BC, BC], dtype=tl.float32)
+    d30 = tl.zeros([BC, BC], dtype=tl.float32)
+    d31 = tl.zeros([BC, BC], dtype=tl.float32)
+    d32 = tl.zeros([BC, BC], dtype=tl.float32)
+    d33 = tl.zeros([BC, BC], dtype=tl.float32)
+    for kc in range(0, K, BK):
+        kp = k_ptr + hk * K + kc + tl.arange(0, BK)[None, :]
+        k0 = tl.load(kp + (bos + r0)[:, None] * (HK * K), mask=m0[:, None], other=0.0)
+        k1 = tl.load(kp + (bos + r1)[:, None] * (HK * K), mask=m1[:, None], other=0.0)
+        k2 = tl.load(kp + (bos + r2)[:, None] * (HK * K), mask=m2[:, None], other=0.0)
+        k3 = tl.load(kp + (bos + r3)[:, None] * (HK * K), mask=m3[:, None], other=0.0)
+        d00 = _dot(k0, tl.trans(k0), d00, IEEE=PREC)
+        d10 = _dot(k1, tl.trans(k0), d10, IEEE=PREC)
+        d11 = _dot(k1, tl.trans(k1), d11, IEEE=PREC)
+        d20 = _dot(k2, tl.trans(k0), d20, IEEE=PREC)
+        d21 = _dot(k2, tl.trans(k1), d21, IEEE=PREC)
+        d22 = _dot(k2, tl.trans(k2), d22, IEEE=PREC)
+        d30 = _dot(k3, tl.trans(k0), d30, IEEE=PREC)
+        d31 = _dot(k3, tl.trans(k1), d31, IEEE=PREC)
+        d32 = _dot(k3, tl.trans(k2), d32, IEEE=PREC)
+        d33 = _dot(k3, tl.trans(k3), d33, IEEE=PREC)
+    low = o[:, None] > o[None, :]
+    a00 = tl.where(low, d00 * tl.exp(g0[:, None] - g0[None, :]), 0.0) * b0[:, None]
+    a11 = tl.where(low, d11 * tl.exp(g1[:, None] - g1[None, :]), 0.0) * b1[:, None]
+    a22 = tl.where(low, d22 * tl.exp(g2[:, None] - g2[None, :]), 0.0) * b2[:, None]
+    a33 = tl.where(low, d33 * tl.exp(g3[:, None] - g3[None, :]), 0.0) * b3[:, None]
+    a10 = d10 * tl.exp(g1[:, None] - g0[None, :]) * b1[:, None]
+    a20 = d20 * tl.exp(g2[:, None] - g0[None, :]) * b2[:, None]
+    a21 = d21 * tl.exp(g2[:, None] - g1[None, :]) * b2[:, None]
+    a30 = d30 * tl.exp(g3[:, None] - g0[None, :]) * b3[:, None]
+    a31 = d31 * tl.exp(g3[:, None] - g1[None, :]) * b3[:, None]
+    a32 = d32 * tl.exp(g3[:, None] - g2[None, :]) * b3[:, None]
+    (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33) = _solve_blocks(
+        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, o, SOLVE_POW, TF32 and not PREC)
     dt = k_ptr.dtype.element_ty
     tp = t_ptr + (c.to(tl.int64) * HV + hv) * (BT * BT) + o[:, None] * BT + o[None, :]
     tl.store(tp, t00.to(dt))
@@ -421,7 +494,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
     default DEFAULT_VARIANT), "wy_solve": "subst" / "pow" (the fused WY kernel's diagonal
     solve, default DEFAULT_SOLVE), "state_bv", "state_stages", "wy_warps", "wy_reload",
-    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" (split),
+    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" / "wy_bk" / "wy_tf32"
+    (split: the merge products on tf32 tensor cores),
     "out_warps", "out_bv" (the output kernel's value columns per
     program), "norm_rows"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
@@ -472,7 +546,9 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
         _wy_solve_kernel[(max_chunks, hv)](k, g, beta, cu, coff, G, tbuf, num_seqs, HK=hk, HV=hv,
                                            K=dk, LOG_N=log_n, PREC=prec,
                                            SOLVE_POW=solve == "pow",
-                                           num_warps=tuning.get("wy_warps", 4), **amd)
+                                           BK=min(dk, tuning.get("wy_bk", SPLIT_BK)),
+                                           TF32=tuning.get("wy_tf32", SPLIT_TF32),
+                                           num_warps=tuning.get("wy_warps", SPLIT_WARPS), **amd)
         _wy_apply_kernel[(max_chunks, hv)](k, v, beta, G, tbuf, w, u, cu, coff, num_seqs, HK=hk,
                                            HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                            num_warps=tuning.get("wy_apply_warps", 4), **amd)
@@ -539,8 +615,8 @@ def _cases():
                     uses_dot=True, label="output"),
         # the "split" variant's two halves (T through memory; W / U as 64-row products)
         CompileCase(_wy_solve_kernel, solve, dict(HK=16, HV=32, K=128, PREC=False, LOG_N=4,
-                                                   SOLVE_POW=True), num_warps=4, uses_dot=True,
-                    narrow_dot=True, label="wy_solve"),
+                                                   SOLVE_POW=True, BK=SPLIT_BK, TF32=False),
+                    num_warps=SPLIT_WARPS, uses_dot=True, narrow_dot=True, label="wy_solve"),
         CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4), num_warps=4, uses_dot=True,
                     label="wy_apply"),
         CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "x2_ptr": "*bf16",
