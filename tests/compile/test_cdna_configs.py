@@ -174,8 +174,9 @@ def test_gdn_chunk_cdna_launches():
     """gdn.chunk_prefill on CDNA: the state kernel's 16 value columns and per-arch stages fit
     the arch's LDS (gfx942's 64 KB held 72 KB with the NVIDIA launch), 16 x 16 MFMA for the
     WY / state kernels; compile cases per arch with these launches; the NVIDIA dot cases (the
-    run-verified launches: WY 4 warps with the key reload, state 32 columns, output 8 warps)
-    are built for NVIDIA only."""
+    run-verified launches: WY 4 warps with the key reload, state 32 columns, output 4 warps x
+    128 columns, the split WY pair) are built for NVIDIA only; a CDNA device gets the fused WY
+    kernel by default (the only WY launch built for it) and 8-wave output programs."""
     from tskernels.ops.gdn import triton_chunk as tc
 
     assert tc.CDNA_STATE == {"gfx942": (16, 2), "gfx950": (16, 3)}
@@ -192,7 +193,8 @@ def test_gdn_chunk_cdna_launches():
     assert (nv["wy"].num_warps, nv["wy"].constexprs["RELOAD_K"]) == (4, True)
     assert (nv["state"].constexprs["BV"], nv["state"].num_warps, nv["state"].options) == \
         (32, 4, ())
-    assert nv["output"].num_warps == 8
+    assert (nv["output"].num_warps, nv["output"].constexprs["BV"]) == (4, 128)
+    assert {"wy_solve", "wy_apply"} <= set(nv)
     for arch in tc.CDNA_ARCHS:
         mine = {c.label: c for c in cases if c.targets == (arch,)}
         assert set(mine) == {f"wy_{arch}", f"state_{arch}", f"output_{arch}"}

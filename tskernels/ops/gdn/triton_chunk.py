@@ -1,17 +1,20 @@
 """Triton chunked gated delta rule prefill (chunk 64, ragged batches, grouped value heads).
 
-Three launches, each over (chunk, value head) or (value block, sequence x value head):
+Launches over (chunk, value head) or (value block, sequence x value head):
 
-1. `_wy_kernel` (per chunk): the in-chunk cumulative decay G, the 16 x 16 blocks of
-   A = beta_i e^(G_i - G_j) k_i.k_j (j < i), T = (I + A)^-1 by forward substitution on the four
-   diagonal blocks and the block-triangular merge (fp32 FMA math: 16 x 16 tiles are cheap), then
-   the WY factors W = T (beta e^G K) and U = T (beta V) with tensor-core dots. Fusing these
-   (rather than writing A and reading it back) saves a launch and A's round trip.
-   The "wy64" variant (tuning {"variant": "wy64"}, _wy64.py) computes the same factors with
-   64-row products (K K^T, W, U: wgmma on sm_90), T passing through an fp32 scratch tile.
+1. WY factors, default "split" variant in two kernels:
+   `_wy_solve_kernel` (per chunk): the in-chunk cumulative decay G, the 16 x 16 blocks of
+   A = beta_i e^(G_i - G_j) k_i.k_j (j < i) from BK-column pieces of the keys, T = (I + A)^-1 —
+   the four diagonal blocks by the product (I + n)(I + n^2)(I + n^4)(I + n^8) (n = -A_ii,
+   nilpotent) and the block-triangular merge on tf32 tensor cores — stored as a [64, 64] tile
+   in the activations' dtype; `_wy_apply_kernel`: W = T (beta e^G K) and U = T (beta V) as
+   64-row products. The "fused" variant (`_wy_kernel`) does both in one kernel with 16-row
+   products; "wy64" (_wy64.py) computes the same factors with an fp32 scratch tile.
 2. `_state_kernel` (sequential over a sequence's chunks, one program per value block): stores
    the chunk-start state H_c, V'_c = U_c - W_c H_c, and H_(c+1) = e^(G_C) H_c + (e^(G_C - G) K)^T V'.
-3. `_output_kernel` (per chunk): O = (e^G Q) H_c + [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
+3. `_output_kernel` (per chunk and value block): O = (e^G Q) H_c +
+   [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
+q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`).
 
 Ragged batches need no host sync: the grid is an upper bound on the chunk count
 (T // 64 + N), `chunk_offsets` (cumulative chunks per sequence, computed on the device) maps a
@@ -34,10 +37,11 @@ from ..shared.ragged import block_offsets, locate_block, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
 from ._wy64 import _dot, _inv_unit_lower, _inv_unit_lower_pow, _mm, _wy64_kernel
 
-# The WY launch a plain call gets: "fused" (`_wy_kernel`, 16-row products, run-verified) or
-# "wy64" (`_wy64_kernel`: the chunk's K K^T, W and U as 64-row products, wgmma on sm_90;
-# compile- and interpreter-verified only until its H200 run). Switching the default is this line.
-DEFAULT_VARIANT = "fused"
+# The WY launch a plain call gets: "split" (`_wy_solve_kernel` + `_wy_apply_kernel`: T through
+# memory, W / U as 64-row products; the default since session 20), "fused" (`_wy_kernel`, one
+# kernel, 16-row W / U products) or "wy64" (`_wy64_kernel`, opt-in, slower). All three are
+# run-verified on the H200. Switching the default is this line.
+DEFAULT_VARIANT = "split"
 VARIANTS = ("fused", "wy64", "split")
 # The fused WY kernel's diagonal 16 x 16 solve: "subst" (14-step forward substitution) or
 # "pow" (the product (I + n)(I + n^2)(I + n^4)(I + n^8), no serial chain: the WY kernel
@@ -49,10 +53,14 @@ SOLVES = ("subst", "pow")
 # 1752.6; the output kernel alone 448 us at 8 warps x 128 (the old launch), 295 at 4 x 64
 OUT_WARPS = 4
 OUT_BV = 128
-# the "split" variant's solve kernel: warps and key columns per K K^T piece
-SPLIT_WARPS = 4
+# the "split" variant's solve kernel: warps, key columns per K K^T piece, and the block merge's
+# products on tf32 tensor cores (bf16 / fp16 activations only; T is then rounded to their dtype
+# for the W / U products). H200, session 20, whole prefill at T = 16k: 2 warps + tf32 1045.8 us
+# (solve kernel 215), 4 warps + tf32 1149.8, 4 warps exact fp32 1187.6 (solve 356), "fused"
+# 1210.9; outputs within 1.24e-3 rel rms of the exact merge's
+SPLIT_WARPS = 2
 SPLIT_BK = 32
-SPLIT_TF32 = False
+SPLIT_TF32 = True
 WY64_WARPS = 8
 WY64_COLS = 64  # the W / U products' column piece
 
@@ -501,7 +509,9 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
                                           q.device)
-    variant = tuning.get("variant", DEFAULT_VARIANT)
+    arch = cdna_arch(q.device)
+    # (CDNA keeps the fused WY kernel: the compile matrix builds the split pair for NVIDIA only)
+    variant = tuning.get("variant", "fused" if arch else DEFAULT_VARIANT)
     if variant not in VARIANTS:
         raise ValueError(f"tuning: expected variant in {VARIANTS}, got {variant!r}")
     solve = tuning.get("wy_solve", DEFAULT_SOLVE)
@@ -528,7 +538,6 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
     log_n = search_steps(num_seqs)
     prec = _prec(dt)
-    arch = cdna_arch(dev)
     amd = dict(CDNA_OPTIONS) if arch else {}
     if max_chunks and variant == "wy64":
         # fp32 scratch for A, then T, one [64, 64] tile per (chunk, head); see _wy64.py
@@ -615,7 +624,7 @@ def _cases():
                     uses_dot=True, label="output"),
         # the "split" variant's two halves (T through memory; W / U as 64-row products)
         CompileCase(_wy_solve_kernel, solve, dict(HK=16, HV=32, K=128, PREC=False, LOG_N=4,
-                                                   SOLVE_POW=True, BK=SPLIT_BK, TF32=False),
+                                                   SOLVE_POW=True, BK=SPLIT_BK, TF32=SPLIT_TF32),
                     num_warps=SPLIT_WARPS, uses_dot=True, narrow_dot=True, label="wy_solve"),
         CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4), num_warps=4, uses_dot=True,
                     label="wy_apply"),
