@@ -235,6 +235,9 @@ _LAUNCH_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="warps / stages only: the
     {"variant": "split", "wy_tf32": True}, {"variant": "split", "wy_tf32": False},
     pytest.param({"variant": "split", "wy_warps": 2}, marks=_LAUNCH_ONLY),
     {"variant": "split", "wy_bk": 64, "wy_warps": 2, "wy_tf32": True},
+    {"variant": "split", "norm": "fused"}, {"variant": "split", "norm": "fused", "wy_bk": 16,
+                                            "wy_tf32": False, "out_bv": 32, "state_bv": 16},
+    {"variant": "fused", "norm": "fused"},
     {"variant": "split", "wy_solve": "subst", "wy_tf32": True, "wy_warps": 1},
     {"norm_rows": 16}, {"norm_rows": 1}, {"out_bv": 16}, {"out_bv": 32, "wy_solve": "pow"},
     {"out_bv": 64}, pytest.param({"out_warps": 8, "out_bv": 64}, marks=_LAUNCH_ONLY)])
@@ -317,7 +320,8 @@ def test_wy64_pieces_equal_one_prefill_and_fused(kernel_device, dtype):
 
 
 @pytest.mark.parametrize("tuning, match", [({"variant": "wgmma"}, "variant"),
-                                           ({"wy_solve": "lu"}, "wy_solve")])
+                                           ({"wy_solve": "lu"}, "wy_solve"),
+                                           ({"norm": "inline"}, "norm")])
 def test_prefill_rejects_unknown_variant(tuning, match):
     x = problem([3], 1, 1, 16, 16, torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match=match):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..shared.ragged import locate_block
+from ..shared.ragged import block_bounds
 from ._validate import CHUNK
 
 BT = tl.constexpr(CHUNK)  # chunk length
@@ -114,10 +114,7 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = locate_block(coff_ptr, c, N, LOG_N)
-    bos = tl.load(cu_ptr + n).to(tl.int64)
-    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
     hk = hv // (HV // HK)
     ot = tl.arange(0, BT)
     o = tl.arange(0, BC)

@@ -33,7 +33,7 @@ from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
 from . import _tune
-from ..shared.ragged import block_offsets, locate_block, search_steps
+from ..shared.ragged import block_bounds, block_offsets, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
 from ._wy64 import _dot, _inv_unit_lower, _inv_unit_lower_pow, _mm, _wy64_kernel
 
@@ -61,6 +61,10 @@ OUT_BV = 128
 SPLIT_WARPS = 2
 SPLIT_BK = 32
 SPLIT_TF32 = True
+# q / k L2 normalisation (use_qk_l2norm): "launch" (one kernel writes normalised copies) or
+# "fused" (split variant only: the kernels scale by the rsqrt norms as they go; not yet timed)
+DEFAULT_NORM = "launch"
+NORMS = ("launch", "fused")
 WY64_WARPS = 8
 WY64_COLS = 64  # the W / U products' column piece
 
@@ -171,10 +175,7 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = locate_block(coff_ptr, c, N, LOG_N)
-    bos = tl.load(cu_ptr + n).to(tl.int64)
-    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
     hk = hv // (HV // HK)
     (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
      k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok) = _chunk_T(
@@ -231,10 +232,10 @@ def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_
 
 
 @triton.jit
-def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
+def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, rk_ptr, N,
                      HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, LOG_N: tl.constexpr,
                      PREC: tl.constexpr, SOLVE_POW: tl.constexpr, BK: tl.constexpr = 32,
-                     TF32: tl.constexpr = False):
+                     TF32: tl.constexpr = False, NORM: tl.constexpr = False):
     """"split" variant, first half: `_wy_kernel`'s G and T, T stored as a [64, 64] tile in the
     activations' dtype (its ten lower blocks; the six upper ones are never written: the apply
     kernel masks them), which is the precision the fused kernel's W / U products use too."""
@@ -242,10 +243,7 @@ def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = locate_block(coff_ptr, c, N, LOG_N)
-    bos = tl.load(cu_ptr + n).to(tl.int64)
-    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
     hk = hv // (HV // HK)
     o = tl.arange(0, BC)
     (g0, g1, g2, g3, b0, b1, b2, b3, r0, r1, r2, r3, m0, m1, m2, m3) = _chunk_gates(
@@ -278,6 +276,31 @@ def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
         d31 = _dot(k3, tl.trans(k1), d31, IEEE=PREC)
         d32 = _dot(k3, tl.trans(k2), d32, IEEE=PREC)
         d33 = _dot(k3, tl.trans(k3), d33, IEEE=PREC)
+    if NORM:  # L2-normalised keys: K K^T scaled by the rsqrt of its own diagonal
+        eye = o[:, None] == o[None, :]
+        n0r = tl.rsqrt(tl.sum(tl.where(eye, d00, 0.0), 1) + 1e-6)
+        n1r = tl.rsqrt(tl.sum(tl.where(eye, d11, 0.0), 1) + 1e-6)
+        n2r = tl.rsqrt(tl.sum(tl.where(eye, d22, 0.0), 1) + 1e-6)
+        n3r = tl.rsqrt(tl.sum(tl.where(eye, d33, 0.0), 1) + 1e-6)
+        n0c = tl.rsqrt(tl.sum(tl.where(eye, d00, 0.0), 0) + 1e-6)
+        n1c = tl.rsqrt(tl.sum(tl.where(eye, d11, 0.0), 0) + 1e-6)
+        n2c = tl.rsqrt(tl.sum(tl.where(eye, d22, 0.0), 0) + 1e-6)
+        n3c = tl.rsqrt(tl.sum(tl.where(eye, d33, 0.0), 0) + 1e-6)
+        d00 = d00 * n0r[:, None] * n0c[None, :]
+        d11 = d11 * n1r[:, None] * n1c[None, :]
+        d22 = d22 * n2r[:, None] * n2c[None, :]
+        d33 = d33 * n3r[:, None] * n3c[None, :]
+        d10 = d10 * n1r[:, None] * n0c[None, :]
+        d20 = d20 * n2r[:, None] * n0c[None, :]
+        d21 = d21 * n2r[:, None] * n1c[None, :]
+        d30 = d30 * n3r[:, None] * n0c[None, :]
+        d31 = d31 * n3r[:, None] * n1c[None, :]
+        d32 = d32 * n3r[:, None] * n2c[None, :]
+        if hv % (HV // HK) == 0:  # one of the value heads sharing the key head stores them
+            tl.store(rk_ptr + (bos + r0) * HK + hk, n0r, mask=m0)
+            tl.store(rk_ptr + (bos + r1) * HK + hk, n1r, mask=m1)
+            tl.store(rk_ptr + (bos + r2) * HK + hk, n2r, mask=m2)
+            tl.store(rk_ptr + (bos + r3) * HK + hk, n3r, mask=m3)
     low = o[:, None] > o[None, :]
     a00 = tl.where(low, d00 * tl.exp(g0[:, None] - g0[None, :]), 0.0) * b0[:, None]
     a11 = tl.where(low, d11 * tl.exp(g1[:, None] - g1[None, :]), 0.0) * b1[:, None]
@@ -306,19 +329,16 @@ def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, N,
 
 
 @triton.jit
-def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, cu_ptr, coff_ptr, N,
-                     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     LOG_N: tl.constexpr, PREC: tl.constexpr):
+def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, rk_ptr, cu_ptr, coff_ptr,
+                     N, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     LOG_N: tl.constexpr, PREC: tl.constexpr, NORM: tl.constexpr = False):
     """"split" variant, second half: W = T (beta e^G K) and U = T (beta V) as 64-row products
     (wgmma on sm_90) from the stored T."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = locate_block(coff_ptr, c, N, LOG_N)
-    bos = tl.load(cu_ptr + n).to(tl.int64)
-    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
     hk = hv // (HV // HK)
     ot = tl.arange(0, BT)
     ok = tl.arange(0, K)
@@ -333,7 +353,10 @@ def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, cu_ptr,
     G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
     kk = tl.load(k_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None],
                  other=0.0)
-    kw = (kk * (beta * tl.exp(G))[:, None]).to(dt)
+    scale_k = beta * tl.exp(G)
+    if NORM:
+        scale_k = scale_k * tl.load(rk_ptr + rows * HK + hk, mask=m, other=0.0)
+    kw = (kk * scale_k[:, None]).to(dt)
     tl.store(w_ptr + rows[:, None] * (HV * K) + hv * K + ok[None, :],
              _dot(tt, kw, IEEE=PREC).to(dt), mask=m[:, None])
     vv = tl.load(v_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], mask=m[:, None],
@@ -345,8 +368,9 @@ def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, cu_ptr,
 
 @triton.jit
 def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_ptr, coff_ptr,
-                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr):
+                  rk_ptr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
+                  NORM: tl.constexpr = False):
     iv = tl.program_id(0)
     n = tl.program_id(1) // HV
     hv = tl.program_id(1) % HV
@@ -379,15 +403,19 @@ def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_
         last = tl.load(G_ptr + (bos + tl.minimum(i * BT + BT, length) - 1) * HV + hv)
         kk = tl.load(k_ptr + (bos + rows)[:, None] * (HK * K) + hk * K + ok[None, :],
                      mask=m[:, None], other=0.0)
-        vs = tl.where(m[:, None], vn * tl.exp(last - G)[:, None], 0.0).to(dt)
+        decay = tl.exp(last - G)
+        if NORM:  # (the keys' rsqrt norms folded into V' rows: (diag(r) K)^T V' = K^T diag(r) V')
+            decay = decay * tl.load(rk_ptr + (bos + rows) * HK + hk, mask=m, other=0.0)
+        vs = tl.where(m[:, None], vn * decay[:, None], 0.0).to(dt)
         h = h * tl.exp(last) + _dot(tl.trans(kk), vs, IEEE=PREC)
     tl.store(ht_ptr + state_off + sidx, h)
 
 
 @triton.jit
-def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, N, scale,
+def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, rk_ptr, N, scale,
                    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   LOG_N: tl.constexpr, PREC: tl.constexpr, BV: tl.constexpr = None):
+                   LOG_N: tl.constexpr, PREC: tl.constexpr, BV: tl.constexpr = None,
+                   NORM: tl.constexpr = False):
     # BV < V: V // BV programs per (chunk, head), adjacent in launch order (they share the
     # chunk's q / k through L2), each recomputing the [64, 64] Q K^T for its value columns
     NVB: tl.constexpr = V // BV
@@ -396,10 +424,7 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n = locate_block(coff_ptr, c, N, LOG_N)
-    bos = tl.load(cu_ptr + n).to(tl.int64)
-    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
-    t0 = (c - tl.load(coff_ptr + n)).to(tl.int64) * BT
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
     hk = hv // (HV // HK)
     ot = tl.arange(0, BT)
     ok = tl.arange(0, K)
@@ -412,8 +437,15 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
     h = tl.load(h_ptr + (c.to(tl.int64) * HV + hv) * K * V + ok[:, None] * V + ov[None, :])
     vn = tl.load(vn_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], mask=m[:, None], other=0.0)
-    inter = _dot(q, h, IEEE=PREC) * tl.exp(G)[:, None]
+    eg = tl.exp(G)
+    if NORM:  # L2-normalised q and k: their rsqrt norms scale the products' rows / columns
+        qf = q.to(tl.float32)
+        rq = tl.rsqrt(tl.sum(qf * qf, 1) + 1e-6)
+        eg = eg * rq
+    inter = _dot(q, h, IEEE=PREC) * eg[:, None]
     qk = _dot(q, tl.trans(kk), IEEE=PREC)
+    if NORM:
+        qk = qk * rq[:, None] * tl.load(rk_ptr + rows * HK + hk, mask=m, other=0.0)[None, :]
     causal = (ot[:, None] >= ot[None, :]) & m[None, :]
     qk = tl.where(causal, qk * tl.exp(G[:, None] - G[None, :]), 0.0)
     out = (inter + _dot(qk.to(dt), vn, IEEE=PREC)) * scale
@@ -502,7 +534,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
     default DEFAULT_VARIANT), "wy_solve": "subst" / "pow" (the fused WY kernel's diagonal
     solve, default DEFAULT_SOLVE), "state_bv", "state_stages", "wy_warps", "wy_reload",
-    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" / "wy_bk" / "wy_tf32"
+    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" / "wy_bk" / "wy_tf32", "norm": "launch" / "fused"
     (split: the merge products on tf32 tensor cores),
     "out_warps", "out_bv" (the output kernel's value columns per
     program), "norm_rows"})."""
@@ -525,13 +557,20 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous().float()
     beta = beta.contiguous()
-    if use_qk_l2norm:
+    norm = tuning.get("norm", DEFAULT_NORM)
+    if norm not in NORMS:
+        raise ValueError(f"tuning: expected norm in {NORMS}, got {norm!r}")
+    # "fused": the split pipeline normalises q / k inside its kernels (the solve kernel stores the
+    # keys' rsqrt norms, [T, HK] fp32); the other WY variants take the separate launch
+    fuse_norm = use_qk_l2norm and norm == "fused" and variant == "split"
+    if use_qk_l2norm and not fuse_norm:
         q, k = l2norm(q, k, tuning.get("norm_rows", NORM_ROWS))
     cu = cu_seqlens.to(torch.int32).contiguous()
     coff = block_offsets(cu, CHUNK)
     max_chunks = total // CHUNK + num_seqs
     dt = q.dtype
     G = torch.empty(total, hv, dtype=torch.float32, device=dev)
+    rk = torch.empty(total, hk, dtype=torch.float32, device=dev) if fuse_norm else G
     w = torch.empty(total, hv, dk, dtype=dt, device=dev)
     u = torch.empty(total, hv, dv, dtype=dt, device=dev)
     o = torch.empty(total, hv, dv, dtype=dt, device=dev)
@@ -552,14 +591,15 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
         del scratch
     elif max_chunks and variant == "split":
         tbuf = torch.empty(max_chunks, hv, CHUNK, CHUNK, dtype=dt, device=dev)
-        _wy_solve_kernel[(max_chunks, hv)](k, g, beta, cu, coff, G, tbuf, num_seqs, HK=hk, HV=hv,
-                                           K=dk, LOG_N=log_n, PREC=prec,
+        _wy_solve_kernel[(max_chunks, hv)](k, g, beta, cu, coff, G, tbuf, rk, num_seqs, HK=hk,
+                                           HV=hv, K=dk, LOG_N=log_n, PREC=prec, NORM=fuse_norm,
                                            SOLVE_POW=solve == "pow",
                                            BK=min(dk, tuning.get("wy_bk", SPLIT_BK)),
                                            TF32=tuning.get("wy_tf32", SPLIT_TF32),
                                            num_warps=tuning.get("wy_warps", SPLIT_WARPS), **amd)
-        _wy_apply_kernel[(max_chunks, hv)](k, v, beta, G, tbuf, w, u, cu, coff, num_seqs, HK=hk,
-                                           HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
+        _wy_apply_kernel[(max_chunks, hv)](k, v, beta, G, tbuf, w, u, rk, cu, coff, num_seqs,
+                                           HK=hk, HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
+                                           NORM=fuse_norm,
                                            num_warps=tuning.get("wy_apply_warps", 4), **amd)
         del tbuf
     elif max_chunks:
@@ -578,14 +618,16 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     out_warps = tuning.get("out_warps", 8 if arch and dv >= 128 else OUT_WARPS)
     vn = torch.empty(total, hv, dv, dtype=dt, device=dev)
     h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
-    _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, HK=hk, HV=hv,
-                                             K=dk, V=dv, BV=bv, HAS_H0=initial_state is not None,
-                                             PREC=prec, num_warps=4, **stages)
+    _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, rk, HK=hk,
+                                             HV=hv, K=dk, V=dv, BV=bv,
+                                             HAS_H0=initial_state is not None, PREC=prec,
+                                             NORM=fuse_norm, num_warps=4, **stages)
     if max_chunks:
         obv = min(dv, tuning.get("out_bv", OUT_BV))
-        _output_kernel[(max_chunks * (dv // obv), hv)](q, k, vn, h, G, o, cu, coff, num_seqs,
+        _output_kernel[(max_chunks * (dv // obv), hv)](q, k, vn, h, G, o, cu, coff, rk, num_seqs,
                                                        scale, HK=hk, HV=hv, K=dk, V=dv,
                                                        LOG_N=log_n, PREC=prec, BV=obv,
+                                                       NORM=fuse_norm,
                                                        num_warps=out_warps)
     return o, final
 
@@ -598,13 +640,16 @@ def _cases():
                                "G_ptr")}
     wy64.update(a_ptr="*fp32", w_ptr="*bf16", u_ptr="*bf16", N="i32")
     solve = {"k_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*bf16", **common, "G_ptr": "*fp32",
-             "t_ptr": "*bf16", "N": "i32"}
+             "t_ptr": "*bf16", "rk_ptr": "*fp32", "N": "i32"}
     apply = {"k_ptr": "*bf16", "v_ptr": "*bf16", "beta_ptr": "*bf16", "G_ptr": "*fp32",
-             "t_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", **common, "N": "i32"}
+             "t_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "rk_ptr": "*fp32", **common,
+             "N": "i32"}
     st = {"k_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "G_ptr": "*fp32",
-          "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common}
+          "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common,
+          "rk_ptr": "*fp32"}
     out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
-           "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "N": "i32", "scale": "fp32"}
+           "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "rk_ptr": "*fp32", "N": "i32",
+           "scale": "fp32"}
     heads = dict(HK=16, HV=32, K=128, V=128, PREC=False)
     nvidia_cases = [
         # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
@@ -618,16 +663,18 @@ def _cases():
         CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True, DIAG_X4=True,
                                              KC=WY64_COLS, VC=WY64_COLS),
                     num_warps=WY64_WARPS, uses_dot=True, label="wy64"),
-        CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True), num_warps=4,
+        CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False), num_warps=4,
                     uses_dot=True, label="state"),
-        CompileCase(_output_kernel, out, dict(heads, LOG_N=4, BV=OUT_BV), num_warps=OUT_WARPS,
+        CompileCase(_output_kernel, out, dict(heads, LOG_N=4, BV=OUT_BV, NORM=False),
+                    num_warps=OUT_WARPS,
                     uses_dot=True, label="output"),
         # the "split" variant's two halves (T through memory; W / U as 64-row products)
         CompileCase(_wy_solve_kernel, solve, dict(HK=16, HV=32, K=128, PREC=False, LOG_N=4,
-                                                   SOLVE_POW=True, BK=SPLIT_BK, TF32=SPLIT_TF32),
+                                                   SOLVE_POW=True, BK=SPLIT_BK, TF32=SPLIT_TF32,
+                                                   NORM=False),
                     num_warps=SPLIT_WARPS, uses_dot=True, narrow_dot=True, label="wy_solve"),
-        CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4), num_warps=4, uses_dot=True,
-                    label="wy_apply"),
+        CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4, NORM=False), num_warps=4,
+                    uses_dot=True, label="wy_apply"),
         CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "x2_ptr": "*bf16",
                                      "y2_ptr": "*bf16", "rows": "i32"},
                     dict(D=128, ROWS=NORM_ROWS), num_warps=4, label="l2norm"),

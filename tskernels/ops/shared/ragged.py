@@ -37,3 +37,14 @@ def locate_block(offsets_ptr, c, N, STEPS: tl.constexpr):
         lo = tl.where(go, mid, lo)
         hi = tl.where(go, hi, mid)
     return lo
+
+
+@triton.jit
+def block_bounds(offsets_ptr, cu_ptr, c, N, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Block c's sequence n, that sequence's first row bos and length (int64), and the block's
+    first row inside the sequence, t0 (c below offsets[N])."""
+    n = locate_block(offsets_ptr, c, N, STEPS)
+    bos = tl.load(cu_ptr + n).to(tl.int64)
+    length = tl.load(cu_ptr + n + 1).to(tl.int64) - bos
+    t0 = (c - tl.load(offsets_ptr + n)).to(tl.int64) * BLOCK
+    return n, bos, length, t0
