@@ -238,6 +238,11 @@ _LAUNCH_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="warps / stages only: the
     {"variant": "split", "norm": "fused"}, {"variant": "split", "norm": "fused", "wy_bk": 16,
                                             "wy_tf32": False, "out_bv": 32, "state_bv": 16},
     {"variant": "fused", "norm": "fused"},
+    {"overlap": True}, {"overlap": True, "norm": "fused", "out_bv": 32, "state_bv": 16},
+    {"overlap": True, "variant": "fused", "out_bv": 64}, {"overlap": "all"},
+    {"overlap": "all", "overlap_seg": 1, "norm": "fused", "apply_per_sm": 1},
+    {"overlap": "all", "overlap_seg": 3, "state_bv": 16, "out_bv": 32},
+    pytest.param({"overlap": "all", "apply_maxnreg": 128, "apply_per_sm": 3}, marks=_LAUNCH_ONLY),
     {"variant": "split", "wy_solve": "subst", "wy_tf32": True, "wy_warps": 1},
     {"norm_rows": 16}, {"norm_rows": 1}, {"out_bv": 16}, {"out_bv": 32, "wy_solve": "pow"},
     {"out_bv": 64}, pytest.param({"out_warps": 8, "out_bv": 64}, marks=_LAUNCH_ONLY)])
@@ -248,6 +253,29 @@ def test_prefill_launch_variants(kernel_device, tuning):
                                            cu_seqlens=x["cu_seqlens"], use_qk_l2norm=True,
                                            tuning=tuning)
     check_prefill(x, o, final, None, VARIANT_DIMS[0] ** -0.5, True)
+
+
+@pytest.mark.parametrize("overlap", [{"overlap": "output"}, {"overlap": "all"},
+                                     {"overlap": "all", "overlap_seg": 1, "apply_per_sm": 1}])
+def test_prefill_overlap_equals_sequential(kernel_device, overlap):
+    """The overlapped launches (per-chunk flags; on sm_90+ programmatic dependent launches, so
+    the grids really run together) compute bit for bit what the sequential ones compute: on a
+    GPU 8 sequences of up to 2k tokens, several launches, to catch a chunk read before its
+    flag."""
+    lens = [2048, 1, 1500, 0, 777, 2048, 64, 1999] if HAS_CUDA else [130, 0, 1, 64]
+    hk, group = (4, 2) if HAS_CUDA else (1, 2)
+    x = problem(lens, hk, group, *VARIANT_DIMS, DTYPES[-1], kernel_device, 5)
+    h0 = torch.randn(len(lens), hk * group, *VARIANT_DIMS, generator=torch.Generator()
+                     .manual_seed(6)).to(kernel_device)
+    args = [x[a] for a in ("q", "k", "v", "g", "beta")]
+    fn = _triton("chunk_prefill").fn
+    want_o, want_s = fn(*args, cu_seqlens=x["cu_seqlens"], initial_state=h0, use_qk_l2norm=True,
+                        tuning={"overlap": False})
+    for _ in range(5 if HAS_CUDA else 1):
+        o, final = fn(*args, cu_seqlens=x["cu_seqlens"], initial_state=h0, use_qk_l2norm=True,
+                      tuning=overlap)
+        assert torch.equal(o, want_o) and torch.equal(final, want_s)
+    check_prefill(x, o, final, h0.cpu(), VARIANT_DIMS[0] ** -0.5, True)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the AMD launch options are not CUDA's: the CPU tier runs "
@@ -321,7 +349,10 @@ def test_wy64_pieces_equal_one_prefill_and_fused(kernel_device, dtype):
 
 @pytest.mark.parametrize("tuning, match", [({"variant": "wgmma"}, "variant"),
                                            ({"wy_solve": "lu"}, "wy_solve"),
-                                           ({"norm": "inline"}, "norm")])
+                                           ({"norm": "inline"}, "norm"),
+                                           ({"overlap": "wy"}, "overlap"),
+                                           ({"overlap": "all", "variant": "fused"}, "split"),
+                                           ({"overlap": "all", "overlap_seg": 0}, "overlap_seg")])
 def test_prefill_rejects_unknown_variant(tuning, match):
     x = problem([3], 1, 1, 16, 16, torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match=match):

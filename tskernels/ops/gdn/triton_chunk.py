@@ -14,7 +14,10 @@ Launches over (chunk, value head) or (value block, sequence x value head):
    the chunk-start state H_c, V'_c = U_c - W_c H_c, and H_(c+1) = e^(G_C) H_c + (e^(G_C - G) K)^T V'.
 3. `_output_kernel` (per chunk and value block): O = (e^G Q) H_c +
    [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
-q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`).
+q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`), or (opt-in,
+split variant) scales applied inside them. Opt-in overlap (DEFAULT_OVERLAP): 3 runs beside 2,
+and with "all" 2 beside 1's W / U half, through per-chunk counters and programmatic dependent
+launches (docs/OPS.md).
 
 Ragged batches need no host sync: the grid is an upper bound on the chunk count
 (T // 64 + N), `chunk_offsets` (cumulative chunks per sequence, computed on the device) maps a
@@ -28,11 +31,13 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
 from . import _tune
+from ..shared import pdl
 from ..shared.ragged import block_bounds, block_offsets, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
 from ._wy64 import _dot, _inv_unit_lower, _inv_unit_lower_pow, _mm, _wy64_kernel
@@ -65,6 +70,20 @@ SPLIT_TF32 = True
 # "fused" (split variant only: the kernels scale by the rsqrt norms as they go; not yet timed)
 DEFAULT_NORM = "launch"
 NORMS = ("launch", "fused")
+# Overlapped launches (per-chunk flags, programmatic dependent launches on sm_90+): "output"
+# (or True): the output kernel runs chunk c as soon as the state recurrence has passed it, not
+# after it (the recurrence keeps one 4-warp program per SM busy, the output work fills the
+# rest); "all" (split variant): also the W / U products, a persistent kernel the recurrence
+# follows OVERLAP_SEG chunks at a time. Not yet timed, so off.
+DEFAULT_OVERLAP = False
+OVERLAPS = (False, "output", "all")
+OVERLAP_SEG = 8
+# the persistent W / U kernel's programs per SM: sm_90 registers (4 warps) are 168 / thread for
+# it, 184 for the waiting state kernel and 188 for the output kernel, so an SM holds the state
+# program and two of these (then an output program as they finish); apply_maxnreg caps them
+APPLY_PER_SM = 2
+# where "all" is built (the compile matrix) and may run: its state kernel spills on sm_100 (48 B)
+ALL_TARGETS = ("sm_90",)
 WY64_WARPS = 8
 WY64_COLS = 64  # the W / U products' column piece
 
@@ -329,15 +348,11 @@ def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, rk_
 
 
 @triton.jit
-def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, rk_ptr, cu_ptr, coff_ptr,
-                     N, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     LOG_N: tl.constexpr, PREC: tl.constexpr, NORM: tl.constexpr = False):
-    """"split" variant, second half: W = T (beta e^G K) and U = T (beta V) as 64-row products
-    (wgmma on sm_90) from the stored T."""
-    c = tl.program_id(0)
-    hv = tl.program_id(1)
-    if c >= tl.load(coff_ptr + N):
-        return
+def _wy_apply_chunk(c, hv, k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, rk_ptr, cu_ptr,
+                    coff_ptr, N, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, LOG_N: tl.constexpr, PREC: tl.constexpr,
+                    NORM: tl.constexpr):
+    """W and U of chunk c, value head hv; returns the chunk's index inside its sequence."""
     n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
     hk = hv // (HV // HK)
     ot = tl.arange(0, BT)
@@ -364,13 +379,108 @@ def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, rk_ptr,
     vb = (vv * beta[:, None]).to(dt)
     tl.store(u_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :],
              _dot(tt, vb, IEEE=PREC).to(dt), mask=m[:, None])
+    return t0 // BT
+
+
+@triton.jit
+def _wy_apply_kernel(k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, rk_ptr, cu_ptr, coff_ptr,
+                     wyflag_ptr, N, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, LOG_N: tl.constexpr, PREC: tl.constexpr,
+                     NORM: tl.constexpr = False, SEG: tl.constexpr = 0, PDL: tl.constexpr = False):
+    """"split" variant, second half: W = T (beta e^G K) and U = T (beta V) as 64-row products
+    (wgmma on sm_90) from the stored T, one (chunk, value head) per program. SEG > 0 (overlap
+    "all"): a persistent grid (one wave, so with PDL its dependent, the state kernel, launches
+    at once) takes the (chunk, head) items in chunk-major order; once an item's W / U are stored,
+    wyflags[first chunk of its SEG-chunk segment, head] += 1, which the state kernel waits for."""
+    if PDL:
+        gdc_launch_dependents()
+    if SEG > 0:
+        for item in range(tl.program_id(0), tl.load(coff_ptr + N) * HV, tl.num_programs(0)):
+            c = item // HV
+            hv = item % HV
+            i = _wy_apply_chunk(c, hv, k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr,
+                                rk_ptr, cu_ptr, coff_ptr, N, HK, HV, K, V, LOG_N, PREC, NORM)
+            _signal(wyflag_ptr + (c - i % SEG).to(tl.int64) * HV + hv, PDL)
+    else:
+        c = tl.program_id(0)
+        if c < tl.load(coff_ptr + N):
+            _wy_apply_chunk(c, tl.program_id(1), k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr,
+                            u_ptr, rk_ptr, cu_ptr, coff_ptr, N, HK, HV, K, V, LOG_N, PREC, NORM)
+
+
+@triton.jit
+def _signal(flag, CONCURRENT: tl.constexpr):
+    """flag += 1 after every thread's earlier stores (a CTA barrier, then one thread's release
+    add at GPU scope). CONCURRENT: the reader may run now (PDL): the barrier is inline PTX, since
+    Triton's own barrier inside a loop stops its software pipelining of the loop's loads (the
+    state kernel's 3 stages, 119 KB of shared memory on sm_90, drop to one, 28 KB); otherwise
+    the reader runs after this grid (stream order) and the add alone does."""
+    if CONCURRENT:
+        tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    tl.atomic_add(flag, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait(flag, target):
+    """Spin until flag >= target (one thread's acquire load; the barrier after it orders every
+    thread's later loads)."""
+    while tl.atomic_add(flag, 0, sem="acquire", scope="gpu") < target:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def _state_step(i, h, k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, rk_ptr, flag_ptr, bos, length,
+                c0, hv, hk, ot, ok, ov, sidx, HK: tl.constexpr, HV: tl.constexpr,
+                K: tl.constexpr, V: tl.constexpr, PREC: tl.constexpr, NORM: tl.constexpr,
+                OVERLAP: tl.constexpr, PDL: tl.constexpr):
+    """Chunk i of `_state_kernel`: store h, V' = U - W h, return the next chunk's h."""
+    dt = k_ptr.dtype.element_ty
+    rows = i * BT + ot
+    m = rows < length
+    if OVERLAP:
+        if i > 0:  # chunk i - 1's stores, an iteration old: the release waits for little
+            _signal(flag_ptr + (c0 + i - 1) * HV + hv, PDL)
+    tl.store(h_ptr + ((c0 + i) * HV + hv) * K * V + sidx, h.to(dt))
+    w = tl.load(w_ptr + (bos + rows)[:, None] * (HV * K) + hv * K + ok[None, :],
+                mask=m[:, None], other=0.0)
+    u = tl.load(u_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :],
+                mask=m[:, None], other=0.0)
+    vn = u.to(tl.float32) - _dot(w, h.to(dt), IEEE=PREC)
+    tl.store(vn_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :], vn.to(dt),
+             mask=m[:, None])
+    G = tl.load(G_ptr + (bos + rows) * HV + hv, mask=m, other=0.0)
+    last = tl.load(G_ptr + (bos + tl.minimum(i * BT + BT, length) - 1) * HV + hv)
+    kk = tl.load(k_ptr + (bos + rows)[:, None] * (HK * K) + hk * K + ok[None, :],
+                 mask=m[:, None], other=0.0)
+    decay = tl.exp(last - G)
+    if NORM:  # (the keys' rsqrt norms folded into V' rows: (diag(r) K)^T V' = K^T diag(r) V')
+        decay = decay * tl.load(rk_ptr + (bos + rows) * HK + hk, mask=m, other=0.0)
+    vs = tl.where(m[:, None], vn * decay[:, None], 0.0).to(dt)
+    return h * tl.exp(last) + _dot(tl.trans(kk), vs, IEEE=PREC)
 
 
 @triton.jit
 def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_ptr, coff_ptr,
-                  rk_ptr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BV: tl.constexpr, HAS_H0: tl.constexpr, PREC: tl.constexpr,
-                  NORM: tl.constexpr = False):
+                  rk_ptr, flag_ptr, wyflag_ptr, HK: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                  PREC: tl.constexpr, NORM: tl.constexpr = False, OVERLAP: tl.constexpr = False,
+                  PDL: tl.constexpr = False, WAIT_SEG: tl.constexpr = 0):
+    """The chunk-to-chunk state recurrence of one (sequence, value head, BV value columns): stores
+    each chunk's start state (h, activations' dtype) and V' = U - W h; the final state in fp32.
+    OVERLAP: once chunk c's h / V' are stored, flags[c, head] += 1 (release; at the start of the
+    next chunk's step), so the output kernel, launched as a programmatic dependent (PDL: this
+    grid lets it launch at once), runs chunk c while the recurrence goes on; the last chunk's
+    flag follows the final-state store. WAIT_SEG > 0 (overlap "all": this grid is a programmatic
+    dependent of the persistent W / U kernel, which runs on beside it): the chunks go in segments
+    of WAIT_SEG, each started once the W / U kernel has counted all its chunks in
+    wyflags[segment's first chunk, head] (a wait between, not inside, the software-pipelined
+    chunk loops). Every wait is on a grid launched earlier, all of whose programs are resident
+    or done by then (PDL's launch rule), and none of those waits on a later one: no deadlock,
+    and without an early launch the grids simply run in order."""
+    if PDL:
+        gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1) // HV
     hv = tl.program_id(1) % HV
@@ -381,47 +491,50 @@ def _state_kernel(k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, h0_ptr, ht_ptr, cu_
     ot = tl.arange(0, BT)
     ok = tl.arange(0, K)
     ov = iv * BV + tl.arange(0, BV)
-    dt = k_ptr.dtype.element_ty
     sidx = ok[:, None] * V + ov[None, :]
     state_off = (n * HV + hv).to(tl.int64) * K * V
     if HAS_H0:
         h = tl.load(h0_ptr + state_off + sidx).to(tl.float32)
     else:
         h = tl.zeros([K, BV], dtype=tl.float32)
-    for i in range(tl.cdiv(length, BT)):
-        rows = i * BT + ot
-        m = rows < length
-        tl.store(h_ptr + ((c0 + i) * HV + hv) * K * V + sidx, h.to(dt))
-        w = tl.load(w_ptr + (bos + rows)[:, None] * (HV * K) + hv * K + ok[None, :],
-                    mask=m[:, None], other=0.0)
-        u = tl.load(u_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :],
-                    mask=m[:, None], other=0.0)
-        vn = u.to(tl.float32) - _dot(w, h.to(dt), IEEE=PREC)
-        tl.store(vn_ptr + (bos + rows)[:, None] * (HV * V) + hv * V + ov[None, :], vn.to(dt),
-                 mask=m[:, None])
-        G = tl.load(G_ptr + (bos + rows) * HV + hv, mask=m, other=0.0)
-        last = tl.load(G_ptr + (bos + tl.minimum(i * BT + BT, length) - 1) * HV + hv)
-        kk = tl.load(k_ptr + (bos + rows)[:, None] * (HK * K) + hk * K + ok[None, :],
-                     mask=m[:, None], other=0.0)
-        decay = tl.exp(last - G)
-        if NORM:  # (the keys' rsqrt norms folded into V' rows: (diag(r) K)^T V' = K^T diag(r) V')
-            decay = decay * tl.load(rk_ptr + (bos + rows) * HK + hk, mask=m, other=0.0)
-        vs = tl.where(m[:, None], vn * decay[:, None], 0.0).to(dt)
-        h = h * tl.exp(last) + _dot(tl.trans(kk), vs, IEEE=PREC)
+    nc = tl.cdiv(length, BT)
+    if WAIT_SEG > 0:
+        for first in range(0, nc, WAIT_SEG):
+            stop = tl.minimum(first + WAIT_SEG, nc)
+            _wait(wyflag_ptr + (c0 + first) * HV + hv, (stop - first).to(tl.int32))
+            for i in range(first, stop):
+                h = _state_step(i, h, k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, rk_ptr,
+                                flag_ptr, bos, length, c0, hv, hk, ot, ok, ov, sidx, HK, HV, K,
+                                V, PREC, NORM, OVERLAP, PDL)
+    else:
+        for i in range(nc):
+            h = _state_step(i, h, k_ptr, w_ptr, u_ptr, G_ptr, h_ptr, vn_ptr, rk_ptr, flag_ptr,
+                            bos, length, c0, hv, hk, ot, ok, ov, sidx, HK, HV, K, V, PREC, NORM,
+                            OVERLAP, PDL)
     tl.store(ht_ptr + state_off + sidx, h)
+    if OVERLAP:
+        if nc > 0:  # (the output kernel's last chunk: after everything this program stores)
+            _signal(flag_ptr + (c0 + nc - 1) * HV + hv, PDL)
 
 
 @triton.jit
-def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, rk_ptr, N, scale,
-                   HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   LOG_N: tl.constexpr, PREC: tl.constexpr, BV: tl.constexpr = None,
-                   NORM: tl.constexpr = False):
+def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, rk_ptr, flag_ptr,
+                   N, scale, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, LOG_N: tl.constexpr, PREC: tl.constexpr,
+                   BV: tl.constexpr = None, NORM: tl.constexpr = False,
+                   OVERLAP: tl.constexpr = 0):
     # BV < V: V // BV programs per (chunk, head), adjacent in launch order (they share the
-    # chunk's q / k through L2), each recomputing the [64, 64] Q K^T for its value columns
+    # chunk's q / k through L2), each recomputing the [64, 64] Q K^T for its value columns.
+    # OVERLAP > 0 (the state kernel's programs per head): a 1-D grid in chunk-major order, each
+    # program waiting for its chunk's flag to reach OVERLAP before reading h / V'
     NVB: tl.constexpr = V // BV
-    c = tl.program_id(0) // NVB
+    if OVERLAP > 0:
+        c = tl.program_id(0) // (NVB * HV)
+        hv = tl.program_id(0) // NVB % HV
+    else:
+        c = tl.program_id(0) // NVB
+        hv = tl.program_id(1)
     iv = tl.program_id(0) % NVB
-    hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
     n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
@@ -435,6 +548,8 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     q = tl.load(q_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None], other=0.0)
     kk = tl.load(k_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None], other=0.0)
     G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
+    if OVERLAP > 0:
+        _wait(flag_ptr + c.to(tl.int64) * HV + hv, OVERLAP)
     h = tl.load(h_ptr + (c.to(tl.int64) * HV + hv) * K * V + ok[:, None] * V + ov[None, :])
     vn = tl.load(vn_ptr + rows[:, None] * (HV * V) + hv * V + ov[None, :], mask=m[:, None], other=0.0)
     eg = tl.exp(G)
@@ -524,6 +639,24 @@ def cdna_arch(device: torch.device) -> str | None:
     return _arch[device]
 
 
+_sms: dict = {}
+
+
+def _sm_target(device: torch.device) -> str:
+    """The device's compile target name ("sm_90"; "" off NVIDIA)."""
+    from ...platform import platform_of
+    plat = platform_of(device)
+    return f"sm_{plat.arch}" if plat.vendor == "nvidia" else ""
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (compute units) of `device`; 4 for the CPU interpreter."""
+    if device not in _sms:
+        _sms[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                        if device.type == "cuda" else 4)
+    return _sms[device]
+
+
 @register("gdn", "chunk_prefill", **TRITON, formats=FORMATS,
           traits={"head_dim_k": head_dim_ok, "head_dim_v": head_dim_ok},
           tags=("deterministic", "throughput"), compile_cases=lambda: _cases())
@@ -534,10 +667,12 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     tuning: launch overrides for measurements ({"variant": "fused" / "wy64" (the WY kernel,
     default DEFAULT_VARIANT), "wy_solve": "subst" / "pow" (the fused WY kernel's diagonal
     solve, default DEFAULT_SOLVE), "state_bv", "state_stages", "wy_warps", "wy_reload",
-    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" / "wy_bk" / "wy_tf32", "norm": "launch" / "fused"
-    (split: the merge products on tf32 tensor cores),
-    "out_warps", "out_bv" (the output kernel's value columns per
-    program), "norm_rows"})."""
+    "wy_diag_x4", "wy_cols" (wy64), "wy_apply_warps" / "wy_bk" / "wy_tf32" (split: the merge
+    products on tf32 tensor cores), "norm": "launch" / "fused" (split only: q / k L2 norm inside
+    the kernels), "overlap": False / True or "output" / "all" (see OVERLAPS), "overlap_seg",
+    "apply_per_sm", "apply_maxnreg" (overlap "all": the state kernel's wait granularity in chunks,
+    the persistent W / U grid and its register cap),
+    "out_warps", "out_bv" (the output kernel's value columns per program), "norm_rows"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
                                           q.device)
@@ -565,9 +700,27 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     fuse_norm = use_qk_l2norm and norm == "fused" and variant == "split"
     if use_qk_l2norm and not fuse_norm:
         q, k = l2norm(q, k, tuning.get("norm_rows", NORM_ROWS))
+    overlap = tuning.get("overlap", DEFAULT_OVERLAP)
+    overlap = "output" if overlap is True else overlap
+    if overlap not in OVERLAPS:
+        raise ValueError(f"tuning: expected overlap in {OVERLAPS} or True, got {overlap!r}")
+    if overlap == "all" and variant != "split":
+        raise ValueError("tuning: overlap 'all' needs the split variant (its W / U kernel)")
+    if overlap == "all" and q.device.type == "cuda" and _sm_target(q.device) not in ALL_TARGETS:
+        raise ValueError(f"tuning: overlap 'all' is built for {ALL_TARGETS} only")
+    seg = int(tuning.get("overlap_seg", OVERLAP_SEG))
+    if seg < 1:
+        raise ValueError(f"tuning: overlap_seg must be >= 1, got {seg}")
     cu = cu_seqlens.to(torch.int32).contiguous()
     coff = block_offsets(cu, CHUNK)
     max_chunks = total // CHUNK + num_seqs
+    # overlap: per-(chunk, head) counters (the state programs past a chunk; the W / U items of a
+    # segment), zeroed here. Without PDL (interpreter, pre-sm_90, ROCm) the grids run in stream
+    # order and every wait finds its count reached
+    overlap = overlap if max_chunks else False
+    use_pdl = bool(overlap) and pdl.supported(dev)
+    flags = torch.zeros(2, max_chunks * hv, dtype=torch.int32, device=dev) if overlap else None
+    flags, wyflags = (flags[0], flags[1]) if overlap else (cu, cu)
     dt = q.dtype
     G = torch.empty(total, hv, dtype=torch.float32, device=dev)
     rk = torch.empty(total, hk, dtype=torch.float32, device=dev) if fuse_norm else G
@@ -577,6 +730,9 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     final = torch.empty(num_seqs, hv, dk, dv, dtype=torch.float32, device=dev)
     log_n = search_steps(num_seqs)
     prec = _prec(dt)
+    # (before the W / U launch: with overlap "all" the state kernel is its programmatic dependent,
+    # so no other kernel may come between them)
+    h0 = initial_state.contiguous().float() if initial_state is not None else final
     amd = dict(CDNA_OPTIONS) if arch else {}
     if max_chunks and variant == "wy64":
         # fp32 scratch for A, then T, one [64, 64] tile per (chunk, head); see _wy64.py
@@ -597,18 +753,23 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
                                            BK=min(dk, tuning.get("wy_bk", SPLIT_BK)),
                                            TF32=tuning.get("wy_tf32", SPLIT_TF32),
                                            num_warps=tuning.get("wy_warps", SPLIT_WARPS), **amd)
-        _wy_apply_kernel[(max_chunks, hv)](k, v, beta, G, tbuf, w, u, rk, cu, coff, num_seqs,
-                                           HK=hk, HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec,
-                                           NORM=fuse_norm,
-                                           num_warps=tuning.get("wy_apply_warps", 4), **amd)
-        del tbuf
+        apply_args = (k, v, beta, G, tbuf, w, u, rk, cu, coff, wyflags, num_seqs)
+        apply_kw = dict(HK=hk, HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec, NORM=fuse_norm,
+                        num_warps=tuning.get("wy_apply_warps", 4), **amd)
+        if overlap == "all":
+            progs = min(max_chunks * hv, _sm_count(dev) * tuning.get("apply_per_sm", APPLY_PER_SM))
+            _wy_apply_kernel[(progs,)](*apply_args, SEG=seg, PDL=use_pdl, **apply_kw,
+                                       **({"maxnreg": tuning["apply_maxnreg"]}
+                                          if "apply_maxnreg" in tuning else {}))
+        else:
+            _wy_apply_kernel[(max_chunks, hv)](*apply_args, **apply_kw)
+            del tbuf  # (with "all" it lives on: the apply kernel still reads it as later ones run)
     elif max_chunks:
         _wy_kernel[(max_chunks, hv)](k, v, g, beta, cu, coff, G, w, u, num_seqs, HK=hk, HV=hv,
                                      K=dk, V=dv, LOG_N=log_n, PREC=prec,
                                      RELOAD_K=tuning.get("wy_reload", dk >= 128),
                                      SOLVE_POW=solve == "pow",
                                      num_warps=tuning.get("wy_warps", 4), **amd)
-    h0 = initial_state.contiguous().float() if initial_state is not None else final
     state_bv, state_stages = CDNA_STATE[arch] if arch else (32, None)
     bv = min(dv, tuning.get("state_bv", state_bv))
     stages = {"num_stages": state_stages, **amd} if arch else {}
@@ -618,17 +779,22 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     out_warps = tuning.get("out_warps", 8 if arch and dv >= 128 else OUT_WARPS)
     vn = torch.empty(total, hv, dv, dtype=dt, device=dev)
     h = torch.empty(max_chunks, hv, dk, dv, dtype=dt, device=dev)
-    _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, rk, HK=hk,
-                                             HV=hv, K=dk, V=dv, BV=bv,
+    _state_kernel[(dv // bv, num_seqs * hv)](k, w, u, G, h, vn, h0, final, cu, coff, rk, flags,
+                                             wyflags, HK=hk, HV=hv, K=dk, V=dv, BV=bv,
                                              HAS_H0=initial_state is not None, PREC=prec,
-                                             NORM=fuse_norm, num_warps=4, **stages)
+                                             NORM=fuse_norm, OVERLAP=bool(overlap), PDL=use_pdl,
+                                             WAIT_SEG=seg if overlap == "all" else 0,
+                                             num_warps=4, **stages,
+                                             **({"launch_pdl": True}
+                                                if use_pdl and overlap == "all" else {}))
     if max_chunks:
         obv = min(dv, tuning.get("out_bv", OUT_BV))
-        _output_kernel[(max_chunks * (dv // obv), hv)](q, k, vn, h, G, o, cu, coff, rk, num_seqs,
-                                                       scale, HK=hk, HV=hv, K=dk, V=dv,
-                                                       LOG_N=log_n, PREC=prec, BV=obv,
-                                                       NORM=fuse_norm,
-                                                       num_warps=out_warps)
+        nvb = dv // obv
+        grid = (max_chunks * nvb * hv,) if overlap else (max_chunks * nvb, hv)
+        _output_kernel[grid](q, k, vn, h, G, o, cu, coff, rk, flags, num_seqs, scale, HK=hk,
+                             HV=hv, K=dk, V=dv, LOG_N=log_n, PREC=prec, BV=obv, NORM=fuse_norm,
+                             OVERLAP=dv // bv if overlap else 0, num_warps=out_warps,
+                             **({"launch_pdl": True} if use_pdl else {}))
     return o, final
 
 
@@ -643,13 +809,13 @@ def _cases():
              "t_ptr": "*bf16", "rk_ptr": "*fp32", "N": "i32"}
     apply = {"k_ptr": "*bf16", "v_ptr": "*bf16", "beta_ptr": "*bf16", "G_ptr": "*fp32",
              "t_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "rk_ptr": "*fp32", **common,
-             "N": "i32"}
+             "wyflag_ptr": "*i32", "N": "i32"}
     st = {"k_ptr": "*bf16", "w_ptr": "*bf16", "u_ptr": "*bf16", "G_ptr": "*fp32",
           "h_ptr": "*bf16", "vn_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", **common,
-          "rk_ptr": "*fp32"}
-    out = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
-           "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "rk_ptr": "*fp32", "N": "i32",
-           "scale": "fp32"}
+          "rk_ptr": "*fp32", "flag_ptr": "*i32", "wyflag_ptr": "*i32"}
+    out_sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "vn_ptr": "*bf16", "h_ptr": "*bf16",
+           "G_ptr": "*fp32", "o_ptr": "*bf16", **common, "rk_ptr": "*fp32", "flag_ptr": "*i32",
+           "N": "i32", "scale": "fp32"}
     heads = dict(HK=16, HV=32, K=128, V=128, PREC=False)
     nvidia_cases = [
         # 16-row sub-blocks: below wgmma's M = 64, so warp-level mma on sm_90 / sm_100
@@ -663,9 +829,12 @@ def _cases():
         CompileCase(_wy64_kernel, wy64, dict(heads, LOG_N=4, RELOAD_K=True, DIAG_X4=True,
                                              KC=WY64_COLS, VC=WY64_COLS),
                     num_warps=WY64_WARPS, uses_dot=True, label="wy64"),
-        CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False), num_warps=4,
+        CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False,
+                                            OVERLAP=False, PDL=False, WAIT_SEG=0),
+                    num_warps=4,
                     uses_dot=True, label="state"),
-        CompileCase(_output_kernel, out, dict(heads, LOG_N=4, BV=OUT_BV, NORM=False),
+        CompileCase(_output_kernel, out_sig, dict(heads, LOG_N=4, BV=OUT_BV, NORM=False,
+                                                  OVERLAP=0),
                     num_warps=OUT_WARPS,
                     uses_dot=True, label="output"),
         # the "split" variant's two halves (T through memory; W / U as 64-row products)
@@ -673,8 +842,8 @@ def _cases():
                                                    SOLVE_POW=True, BK=SPLIT_BK, TF32=SPLIT_TF32,
                                                    NORM=False),
                     num_warps=SPLIT_WARPS, uses_dot=True, narrow_dot=True, label="wy_solve"),
-        CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4, NORM=False), num_warps=4,
-                    uses_dot=True, label="wy_apply"),
+        CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4, NORM=False, SEG=0, PDL=False),
+                    num_warps=4, uses_dot=True, label="wy_apply"),
         CompileCase(_l2norm_kernel, {"x_ptr": "*bf16", "y_ptr": "*bf16", "x2_ptr": "*bf16",
                                      "y2_ptr": "*bf16", "rows": "i32"},
                     dict(D=128, ROWS=NORM_ROWS), num_warps=4, label="l2norm"),
@@ -683,6 +852,23 @@ def _cases():
     # gfx942 / gfx950)
     nvidia = tuple(t for t in TRITON["compiled"] if t.startswith("sm_"))
     out = [dataclasses.replace(c, targets=nvidia) if c.uses_dot else c for c in nvidia_cases]
+    # tuning overlap: the flagged state kernel (a PDL trigger; waiting for W / U segments with
+    # "all"), the waiting output kernel, the persistent flagged W / U kernel
+    out += [CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False,
+                                                OVERLAP=True, PDL=True, WAIT_SEG=0),
+                        num_warps=4, uses_dot=True, label="state_overlap", targets=pdl.TARGETS),
+            CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False,
+                                                OVERLAP=True, PDL=True, WAIT_SEG=OVERLAP_SEG),
+                        num_warps=4, uses_dot=True, label="state_overlap_all",
+                        targets=ALL_TARGETS),
+            CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4, NORM=False,
+                                                      SEG=OVERLAP_SEG, PDL=True),
+                        num_warps=4, uses_dot=True, label="wy_apply_overlap_all",
+                        targets=ALL_TARGETS),
+            CompileCase(_output_kernel, out_sig, dict(heads, LOG_N=4, BV=OUT_BV, NORM=False,
+                                                         OVERLAP=4),
+                        num_warps=OUT_WARPS, uses_dot=True, label="output_overlap",
+                        targets=pdl.TARGETS)]
     opts = tuple(CDNA_OPTIONS.items())
     for arch in CDNA_ARCHS:
         bv, ns = CDNA_STATE[arch]
