@@ -11,13 +11,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 FINAL_OUT=$OUT; OUT=$OUT/raw; mkdir -p "$OUT"
-stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s20_NAME.log
-  local name=$1 limit=$2; shift 2
-  [ "${limit:-0}" -gt 0 ] || return 0
-  stamp "$name (limit $limit s)"
-  timeout -k 5 "$limit" "$@" > "$OUT/s20_$name.log" 2>&1
-  echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s20_$name.log" | cut -c1-300 | tail -${TAIL:-14}
-}
+STAGE_PREFIX=s20  # stage (gpu_setup.sh) logs to $OUT/s20_NAME.log
 if [ "${TIER_S:-0}" -gt 0 ]; then
   args=(); for kv in ${TIER_KERNELS:-}; do args+=(--kernel "$kv"); done
   stage tier${TAG:-} "$TIER_S" env HYPOTHESIS_PROFILE=ci python benchmarks/gpu_tier.py \

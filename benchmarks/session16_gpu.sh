@@ -15,13 +15,7 @@
 #   TEST_S / TESTS / PYTEST_N / TAG: a pytest -m gpu run over TESTS
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s16_NAME.log
-  local name=$1 limit=$2; shift 2
-  [ "${limit:-0}" -gt 0 ] || return 0
-  stamp "$name (limit $limit s)"
-  timeout -k 5 "$limit" "$@" > "$OUT/s16_$name.log" 2>&1
-  echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s16_$name.log" | cut -c1-300 | tail -${TAIL:-14}
-}
+STAGE_PREFIX=s16  # stage (gpu_setup.sh) logs to $OUT/s16_NAME.log
 stage fp8tests "${FP8_S:-0}" python benchmarks/gpu_tier.py --out "$OUT/s16_fp8_tier.json" \
     --pytest-arg=-n --pytest-arg=4 --pytest-arg=-p --pytest-arg=no:cacheprovider \
     --kernel gemm.fp8_block_mm.cuda_sm90=tests/kernels/test_gemm_cuda_fp8.py

@@ -25,13 +25,7 @@ source "$(dirname "$0")/gpu_setup.sh"
 # the device returns at most 8 files (the first 8 by name): the stages write under $OUT/raw,
 # which goes back as one archive at the end
 FINAL_OUT=$OUT; OUT=$OUT/raw; mkdir -p "$OUT"
-stage() {  # stage NAME LIMIT CMD...: run CMD under timeout LIMIT, log to $OUT/s17_NAME.log
-  local name=$1 limit=$2; shift 2
-  [ "${limit:-0}" -gt 0 ] || return 0
-  stamp "$name (limit $limit s)"
-  timeout -k 5 "$limit" "$@" > "$OUT/s17_$name.log" 2>&1
-  echo "$name rc $?"; grep -v -i "warn\|USDT" "$OUT/s17_$name.log" | cut -c1-300 | tail -${TAIL:-14}
-}
+STAGE_PREFIX=s17  # stage (gpu_setup.sh) logs to $OUT/s17_NAME.log
 stage fp8small "${FP8S_S:-0}" python benchmarks/s17_fp8_small_gpu.py "$OUT" $(( ${FP8S_S:-0} - 10 ))
 stage moe "${MOE_S:-0}" python benchmarks/s18_moe_pdl_gpu.py "$OUT" $(( ${MOE_S:-0} - 10 ))
 stage balance "${BAL_S:-0}" python benchmarks/s19_balance_gpu.py "$OUT" $(( ${BAL_S:-0} - 10 ))

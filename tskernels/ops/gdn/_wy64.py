@@ -102,6 +102,15 @@ def _put(sp, i: tl.constexpr, j: tl.constexpr, o, x):
 
 
 @triton.jit
+def _chunk_rows(coff_ptr, cu_ptr, c, N, LOG_N: tl.constexpr):
+    """Chunk c (below offsets[N]): its sequence's first row bos and length, the chunk's first
+    row t0 in it, the chunk's row offsets ot, its rows and their mask."""
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
+    ot = tl.arange(0, BT)
+    return bos, length, t0, ot, bos + t0 + ot, t0 + ot < length
+
+
+@triton.jit
 def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, w_ptr, u_ptr, N,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True,
@@ -114,14 +123,11 @@ def _wy64_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, a_ptr, 
     hv = tl.program_id(1)
     if c >= tl.load(coff_ptr + N):
         return
-    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
+    bos, length, t0, ot, rows, m = _chunk_rows(coff_ptr, cu_ptr, c, N, LOG_N)
     hk = hv // (HV // HK)
-    ot = tl.arange(0, BT)
     o = tl.arange(0, BC)
     ok = tl.arange(0, K)
     dt = k_ptr.dtype.element_ty
-    rows = bos + t0 + ot
-    m = t0 + ot < length
 
     G = tl.cumsum(tl.load(g_ptr + rows * HV + hv, mask=m, other=0.0), 0)
     tl.store(G_ptr + rows * HV + hv, G, mask=m)

@@ -40,7 +40,8 @@ from . import _tune
 from ..shared import pdl
 from ..shared.ragged import block_bounds, block_offsets, search_steps
 from ._validate import CHUNK, FORMATS, head_dim_ok
-from ._wy64 import _dot, _inv_unit_lower, _inv_unit_lower_pow, _mm, _wy64_kernel
+from ._wy64 import (_chunk_rows, _dot, _inv_unit_lower, _inv_unit_lower_pow, _mm,
+                    _wy64_kernel)
 
 # The WY launch a plain call gets: "split" (`_wy_solve_kernel` + `_wy_apply_kernel`: T through
 # memory, W / U as 64-row products; the default since session 20), "fused" (`_wy_kernel`, one
@@ -186,16 +187,24 @@ def _chunk_T(k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk,
 
 
 @triton.jit
+def _program_chunk(coff_ptr, cu_ptr, N, HK: tl.constexpr, HV: tl.constexpr,
+                   LOG_N: tl.constexpr):
+    """A (chunk, value head) program's chunk c, heads hv / hk, its sequence's first row bos and
+    length, and the chunk's first row t0 in it (c past the last chunk: the caller exits)."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
+    return c, hv, hv // (HV // HK), bos, length, t0
+
+
+@triton.jit
 def _wy_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, w_ptr, u_ptr, N,
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                LOG_N: tl.constexpr, PREC: tl.constexpr, RELOAD_K: tl.constexpr = True,
                SOLVE_POW: tl.constexpr = False):
-    c = tl.program_id(0)
-    hv = tl.program_id(1)
+    c, hv, hk, bos, length, t0 = _program_chunk(coff_ptr, cu_ptr, N, HK, HV, LOG_N)
     if c >= tl.load(coff_ptr + N):
         return
-    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
-    hk = hv // (HV // HK)
     (t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, g0, g1, g2, g3, b0, b1, b2, b3,
      k0, k1, k2, k3, kp, r0, r1, r2, r3, m0, m1, m2, m3, o, ok) = _chunk_T(
         k_ptr, g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, hk, HK, HV, K, PREC, SOLVE_POW)
@@ -258,12 +267,9 @@ def _wy_solve_kernel(k_ptr, g_ptr, beta_ptr, cu_ptr, coff_ptr, G_ptr, t_ptr, rk_
     """"split" variant, first half: `_wy_kernel`'s G and T, T stored as a [64, 64] tile in the
     activations' dtype (its ten lower blocks; the six upper ones are never written: the apply
     kernel masks them), which is the precision the fused kernel's W / U products use too."""
-    c = tl.program_id(0)
-    hv = tl.program_id(1)
+    c, hv, hk, bos, length, t0 = _program_chunk(coff_ptr, cu_ptr, N, HK, HV, LOG_N)
     if c >= tl.load(coff_ptr + N):
         return
-    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
-    hk = hv // (HV // HK)
     o = tl.arange(0, BC)
     (g0, g1, g2, g3, b0, b1, b2, b3, r0, r1, r2, r3, m0, m1, m2, m3) = _chunk_gates(
         g_ptr, beta_ptr, G_ptr, bos, length, t0, hv, o, HV)
@@ -353,14 +359,11 @@ def _wy_apply_chunk(c, hv, k_ptr, v_ptr, beta_ptr, G_ptr, t_ptr, w_ptr, u_ptr, r
                     V: tl.constexpr, LOG_N: tl.constexpr, PREC: tl.constexpr,
                     NORM: tl.constexpr):
     """W and U of chunk c, value head hv; returns the chunk's index inside its sequence."""
-    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
+    bos, length, t0, ot, rows, m = _chunk_rows(coff_ptr, cu_ptr, c, N, LOG_N)
     hk = hv // (HV // HK)
-    ot = tl.arange(0, BT)
     ok = tl.arange(0, K)
     ov = tl.arange(0, V)
     dt = k_ptr.dtype.element_ty
-    rows = bos + t0 + ot
-    m = t0 + ot < length
     lower = (ot[:, None] // BC) >= (ot[None, :] // BC)
     tt = tl.load(t_ptr + (c.to(tl.int64) * HV + hv) * (BT * BT) + ot[:, None] * BT + ot[None, :],
                  mask=lower, other=0.0)
@@ -537,14 +540,11 @@ def _output_kernel(q_ptr, k_ptr, vn_ptr, h_ptr, G_ptr, o_ptr, cu_ptr, coff_ptr, 
     iv = tl.program_id(0) % NVB
     if c >= tl.load(coff_ptr + N):
         return
-    n, bos, length, t0 = block_bounds(coff_ptr, cu_ptr, c, N, LOG_N, BT)
+    bos, length, t0, ot, rows, m = _chunk_rows(coff_ptr, cu_ptr, c, N, LOG_N)
     hk = hv // (HV // HK)
-    ot = tl.arange(0, BT)
     ok = tl.arange(0, K)
     ov = iv * BV + tl.arange(0, BV)
     dt = q_ptr.dtype.element_ty
-    rows = bos + t0 + ot
-    m = t0 + ot < length
     q = tl.load(q_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None], other=0.0)
     kk = tl.load(k_ptr + rows[:, None] * (HK * K) + hk * K + ok[None, :], mask=m[:, None], other=0.0)
     G = tl.load(G_ptr + rows * HV + hv, mask=m, other=0.0)
