@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Lab script: session 20's H200 calls (carry .gpuwhl and .whl; run from a git archive of the
+# Lab script: session 20's H200 calls (carry .gpuwhl and .whl, made by
+# benchmarks/prepare_carry.sh; session 20 ran it from a git archive of the
 # committed tree). Stages by their time limits in seconds (0 or unset skips); each stage's log
 # goes to $OUT/s20_<stage>.log and everything returns as $OUT/s20_${PACK:-call}.tgz:
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs (hypothesis
