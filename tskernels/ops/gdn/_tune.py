@@ -172,7 +172,9 @@ def _chunk_prune(cfg, p, target) -> str | None:
 
 def _chunk_source():
     from . import triton_chunk as tc
-    return "\n".join(jit_source(f) for f in (tc._wy_kernel, tc._state_kernel, tc._output_kernel))
+    return "\n".join(jit_source(f) for f in (tc._wy_kernel, tc._wy_solve_kernel,
+                                              tc._wy_apply_kernel, tc._state_kernel,
+                                              tc._output_kernel))
 
 
 CHUNK = declare(KernelSpace(
