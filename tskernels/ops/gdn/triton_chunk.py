@@ -79,10 +79,12 @@ NORMS = ("launch", "fused")
 DEFAULT_OVERLAP = False
 OVERLAPS = (False, "output", "all")
 OVERLAP_SEG = 8
-# the persistent W / U kernel's programs per SM: sm_90 registers (4 warps) are 168 / thread for
-# it, 184 for the waiting state kernel and 188 for the output kernel, so an SM holds the state
-# program and two of these (then an output program as they finish); apply_maxnreg caps them
-APPLY_PER_SM = 2
+# the persistent W / U kernel's programs per SM. sm_90 registers per thread (4 warps, allocated
+# in 8s): this kernel 168, the waiting state kernel 184, the output kernel 192 (152 at
+# out_bv=64): of 64 K registers an SM holds the state program and one of these (45 K), and an
+# output program beside them only at out_bv <= 64; two (apply_per_sm=2) need apply_maxnreg=160
+# (8 B of spill) or the state programs could not launch beside them until they finish
+APPLY_PER_SM = 1
 # where "all" is built (the compile matrix) and may run: its state kernel spills on sm_100 (48 B)
 ALL_TARGETS = ("sm_90",)
 WY64_WARPS = 8
