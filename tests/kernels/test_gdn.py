@@ -259,9 +259,9 @@ def test_prefill_launch_variants(kernel_device, tuning):
                                      {"overlap": "all", "overlap_seg": 1, "apply_per_sm": 1}])
 def test_prefill_overlap_equals_sequential(kernel_device, overlap):
     """The overlapped launches (per-chunk flags; on sm_90+ programmatic dependent launches, so
-    the grids really run together) compute bit for bit what the sequential ones compute: on a
-    GPU 8 sequences of up to 2k tokens, several launches, to catch a chunk read before its
-    flag."""
+    the grids really run together) compute bit for bit what the same kernels compute launched
+    one after the other (overlap_pdl False), and the recurrence's values: on a GPU 8 sequences
+    of up to 2k tokens, several launches, to catch a chunk read before its flag."""
     lens = [2048, 1, 1500, 0, 777, 2048, 64, 1999] if HAS_CUDA else [130, 0, 1, 64]
     hk, group = (4, 2) if HAS_CUDA else (1, 2)
     x = problem(lens, hk, group, *VARIANT_DIMS, DTYPES[-1], kernel_device, 5)
@@ -270,7 +270,7 @@ def test_prefill_overlap_equals_sequential(kernel_device, overlap):
     args = [x[a] for a in ("q", "k", "v", "g", "beta")]
     fn = _triton("chunk_prefill").fn
     want_o, want_s = fn(*args, cu_seqlens=x["cu_seqlens"], initial_state=h0, use_qk_l2norm=True,
-                        tuning={"overlap": False})
+                        tuning={**overlap, "overlap_pdl": False})
     for _ in range(5 if HAS_CUDA else 1):
         o, final = fn(*args, cu_seqlens=x["cu_seqlens"], initial_state=h0, use_qk_l2norm=True,
                       tuning=overlap)

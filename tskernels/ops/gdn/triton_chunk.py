@@ -673,7 +673,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     products on tf32 tensor cores), "norm": "launch" / "fused" (split only: q / k L2 norm inside
     the kernels), "overlap": False / True or "output" / "all" (see OVERLAPS), "overlap_seg",
     "apply_per_sm", "apply_maxnreg" (overlap "all": the state kernel's wait granularity in chunks,
-    the persistent W / U grid and its register cap),
+    the persistent W / U grid and its register cap), "overlap_pdl": False (the overlapped forms'
+    kernels launched in plain stream order: the same arithmetic, nothing concurrent),
     "out_warps", "out_bv" (the output kernel's value columns per program), "norm_rows"})."""
     tuning = tuning or _tune.chunk_config(q.shape[0], cu_seqlens.shape[0] - 1, q.shape[1],
                                           v.shape[1], q.shape[2], v.shape[2], q.dtype,
@@ -720,7 +721,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     # segment), zeroed here. Without PDL (interpreter, pre-sm_90, ROCm) the grids run in stream
     # order and every wait finds its count reached
     overlap = overlap if max_chunks else False
-    use_pdl = bool(overlap) and pdl.supported(dev)
+    use_pdl = bool(overlap) and pdl.supported(dev) and bool(tuning.get("overlap_pdl", True))
     flags = torch.zeros(2, max_chunks * hv, dtype=torch.int32, device=dev) if overlap else None
     flags, wyflags = (flags[0], flags[1]) if overlap else (cu, cu)
     dt = q.dtype
