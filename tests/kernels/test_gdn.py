@@ -278,6 +278,46 @@ def test_prefill_overlap_equals_sequential(kernel_device, overlap):
     check_prefill(x, o, final, h0.cpu(), VARIANT_DIMS[0] ** -0.5, True)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the counters' end values are read on the CPU tier; the "
+                                     "GPU tier runs the overlap for real (test above)")
+@pytest.mark.parametrize("seg, state_bv", [(3, 16), (8, 64), (1, 32)])
+def test_prefill_overlap_counters_end_exact(monkeypatch, seg, state_bv):
+    """The overlap's counters end at exactly the counts the waits ask for: per (chunk, value
+    head) the state programs of that head (one add each), per (segment start, head) the
+    segment's chunks; zero elsewhere. One add too many would let a GPU wait pass before the
+    data is stored, which the interpreter's in-order programs cannot show; one too few would
+    hang there."""
+    from tskernels.ops.gdn import triton_chunk as tc
+
+    made, real = [], torch.zeros
+
+    def zeros(*shape, **kw):  # the call's counters: its [2, chunks x heads] int32 zeros
+        t = real(*shape, **kw)
+        if kw.get("dtype") is torch.int32 and t.dim() == 2 and t.shape[0] == 2:
+            made.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    lens, hk, group = [130, 0, 1, 64, 200], 1, 2
+    x = problem(lens, hk, group, *VARIANT_DIMS, DTYPES[-1], "cpu", 7)
+    tc.chunk_prefill(*(x[a] for a in ("q", "k", "v", "g", "beta")), cu_seqlens=x["cu_seqlens"],
+                     use_qk_l2norm=True, tuning={"overlap": "all", "overlap_seg": seg,
+                                                 "state_bv": state_bv})
+    monkeypatch.undo()
+    (flags,) = made
+    hv, dv = hk * group, VARIANT_DIMS[1]
+    want = torch.zeros_like(flags)
+    c0 = 0
+    for n in lens:
+        nc = -(-n // 64)
+        for i in range(nc):
+            want[0, (c0 + i) * hv:(c0 + i + 1) * hv] = dv // min(dv, state_bv)
+            if i % seg == 0:
+                want[1, (c0 + i) * hv:(c0 + i + 1) * hv] = min(seg, nc - i)
+        c0 += nc
+    assert torch.equal(flags, want)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="the AMD launch options are not CUDA's: the CPU tier runs "
                                      "the CDNA branch under the interpreter")
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
