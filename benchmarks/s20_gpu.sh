@@ -8,6 +8,7 @@
 #   GDN_S:    benchmarks/s15_gdn_gpu.py with GDN_OLD / GDN_NEW / GDN_TESTS from the environment
 #             (tag s20): the GDN prefill variants vs the default and FLA 0.6.0 (wheels in .whl)
 #   SAMPLE_S: benchmarks/sampling_gpu.py $OUT ${SAMPLE_ARGS:-bench} (the tskernels-bench cases)
+#   MOET_S:   benchmarks/s21_moe_direct_tiles_gpu.py (session 21: the decode MoE's tile shapes)
 #   TEST_S / TESTS: a pytest -m gpu run over TESTS
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
@@ -22,6 +23,8 @@ fi
 TAIL=40 stage gdn "${GDN_S:-0}" env GDN_TAG=s20 python benchmarks/s15_gdn_gpu.py "$OUT" \
     $(( ${GDN_S:-0} - 10 ))
 stage sample "${SAMPLE_S:-0}" python benchmarks/sampling_gpu.py "$OUT" ${SAMPLE_ARGS:-bench}
+TAIL=50 stage moetiles "${MOET_S:-0}" python benchmarks/s21_moe_direct_tiles_gpu.py "$OUT" \
+    $(( ${MOET_S:-0} - 10 ))
 stage tests "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
     -p no:cacheprovider -n 4 --timeout 200 ${TESTS:-tests/kernels}
 stamp done
