@@ -38,6 +38,48 @@ def use(name):
     pdl.CHAIN = frozenset(pdl.NAMES) if VARIANTS[name] else frozenset(pdl.NAMES) - MOE
 
 
+def replay_equal(fn, d, want, times: int = 3) -> None:
+    """fn(d) captured in a CUDA graph (after a warm call on a side stream) gives `want` on every
+    replay into its NaN-poisoned output (shared with benchmarks/s21_moe_direct_tiles_gpu.py)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(d)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = fn(d)
+    for _ in range(times):
+        o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o, want), "graph replay differs"
+
+
+def run_variant(res: dict, key: str, fn, sets: list, check) -> None:
+    """res["checks"][key] = check() (its "ok ..." line; raising records the failure instead),
+    then res["us"][key]: two medians of fn over sets in graph replay; one line printed."""
+    from tskernels.bench import core
+    try:
+        res["checks"][key] = check()
+        res["us"][key] = [round(statistics.median(core.time_fn(
+            fn, sets, "cuda", iters=200, graph=True)), 2) for _ in range(2)]
+    except Exception as e:  # noqa: BLE001
+        res["checks"][key] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
+        traceback.print_exc()
+    print(f"{key}: {res['checks'][key]} {res['us'].get(key)}", flush=True)
+
+
+def finish(out: Path, name: str, res: dict, width: int = 24) -> int:
+    """Write res as $OUT/name, then the table of its "us" medians."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(res, indent=2))
+    print(f"\ncopy {res['copy_TBps']} TB/s; MoE layer us (two medians)")
+    for key, us in res["us"].items():
+        print(f"{key:<{width}} {us}")
+    return 0
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
@@ -61,40 +103,17 @@ def main() -> int:
                 if left(budget) < 15:
                     break
                 use(name)
-                try:
+
+                def check():
                     got = mcases._ours(sets[0])
                     assert torch.equal(got, want), f"eager differs {(got - want).abs().max()}"
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        mcases._ours(sets[0])
-                    torch.cuda.current_stream().wait_stream(s)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        o = mcases._ours(sets[0])
-                    for _ in range(3):
-                        o.fill_(float("nan"))
-                        graph.replay()
-                        torch.cuda.synchronize()
-                        assert torch.equal(o, want), "graph replay differs"
-                    del graph
-                    res["checks"][key] = "ok"
-                    res["us"][key] = [round(statistics.median(core.time_fn(
-                        mcases._ours, sets, "cuda", iters=200, graph=True)), 2)
-                        for _ in range(2)]
-                except Exception as e:  # noqa: BLE001
-                    res["checks"][key] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
-                    traceback.print_exc()
-                print(f"{key}: {res['checks'][key]} {res['us'].get(key)}", flush=True)
+                    replay_equal(mcases._ours, sets[0], want)
+                    return "ok"
+                run_variant(res, key, mcases._ours, sets, check)
             use("plain")
             del sets
             torch.cuda.empty_cache()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "s18_moe_pdl.json").write_text(json.dumps(res, indent=2))
-    print(f"\ncopy {res['copy_TBps']} TB/s; MoE layer us (two medians)")
-    for key, us in res["us"].items():
-        print(f"{key:<24} {us}")
-    return 0
+    return finish(out, "s18_moe_pdl.json", res)
 
 
 if __name__ == "__main__":

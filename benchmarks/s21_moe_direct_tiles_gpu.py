@@ -18,17 +18,16 @@ JSON: $OUT/s21_moe_direct_tiles.json; a table last.
 from __future__ import annotations
 
 import dataclasses
-import json
-import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from s18_moe_pdl_gpu import finish, replay_equal, run_variant  # noqa: E402  (this script's folder)
+
 T0 = time.time()
 # name -> DirectTiles overrides (the default first)
 VARIANTS = {
@@ -84,42 +83,20 @@ def main() -> int:
                     if left(budget) < 12:
                         break
                     td.DEFAULT = dataclasses.replace(base, **over)
-                    try:
+
+                    def check():
                         got = mcases._ours(sets[0])
                         rms, mx = rel(got, want)
                         assert rms <= tol.rel_rms and mx <= tol.rel_max, f"rel {rms:.2e} / {mx:.2e}"
-                        graph = torch.cuda.CUDAGraph()
-                        s = torch.cuda.Stream()
-                        s.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(s):
-                            mcases._ours(sets[0])
-                        torch.cuda.current_stream().wait_stream(s)
-                        with torch.cuda.graph(graph):
-                            o = mcases._ours(sets[0])
-                        o.fill_(float("nan"))
-                        graph.replay()
-                        torch.cuda.synchronize()
-                        assert torch.equal(o, got), "graph replay differs from eager"
-                        del graph
-                        res["checks"][key] = f"ok (rel rms {rms:.1e}, max {mx:.1e})"
-                        res["us"][key] = [round(statistics.median(core.time_fn(
-                            mcases._ours, sets, "cuda", iters=200, graph=True)), 2)
-                            for _ in range(2)]
-                    except Exception as e:  # noqa: BLE001
-                        res["checks"][key] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
-                        traceback.print_exc()
-                    print(f"{key}: {res['checks'][key]} {res['us'].get(key)}", flush=True)
+                        replay_equal(mcases._ours, sets[0], got, times=1)
+                        return f"ok (rel rms {rms:.1e}, max {mx:.1e})"
+                    run_variant(res, key, mcases._ours, sets, check)
                 td.DEFAULT = base
                 del sets
                 torch.cuda.empty_cache()
     finally:
         td.DEFAULT = base
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "s21_moe_direct_tiles.json").write_text(json.dumps(res, indent=2))
-    print(f"\ncopy {res['copy_TBps']} TB/s; MoE layer us (two medians)")
-    for key, us in res["us"].items():
-        print(f"{key:<28} {us}")
-    return 0
+    return finish(out, "s21_moe_direct_tiles.json", res, width=28)
 
 
 if __name__ == "__main__":
