@@ -49,6 +49,14 @@ NEW = [{"variant": "wy64"},                              # 8 warps, [4,16,16] so
 OLD = json.loads(os.environ.get("GDN_OLD", "null")) or OLD
 NEW = json.loads(os.environ.get("GDN_NEW", "null")) or NEW
 TAG = os.environ.get("GDN_TAG", "s15")
+# GDN_ROUNDS: time every variant this many times per shape, the variants in a rotated order each
+# round, and report the median of the rounds (run-to-run drift then hits every variant alike).
+# GDN_GRAPH=1: time CUDA-graph replays (no host launch cost in the figure; eager timing of a
+# 4k prefill measured the host, FLA's most of all); a function that cannot be captured (FLA's
+# varlen path converts cu_seqlens on the host) falls back to eager and says so ("mode").
+ROUNDS = int(os.environ.get("GDN_ROUNDS", "1"))
+GRAPH = os.environ.get("GDN_GRAPH", "0") == "1"
+# GDN_FLA=0: skip the FLA baseline (its autotune takes ~2 minutes)
 PROFILE_SHAPE = {"T": 16384, "N": 1}
 ITERS = 12
 DEV = "cuda"
@@ -95,8 +103,21 @@ def _rel(a, b) -> dict:
             "rel_max": (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)}
 
 
-def _median_us(fn, sets) -> float:
+def _median_us(fn, sets, modes: dict | None = None, key: str = "") -> float:
+    """Median µs a call; graph replay when GRAPH (falling back to eager, noted in modes)."""
     from tskernels.bench.core import time_fn
+    if GRAPH and DEV == "cuda" and (modes is None or modes.get(key) != "eager"):
+        import torch
+        try:
+            us = statistics.median(time_fn(fn, sets, DEV, iters=ITERS, warmup=3, graph=True))
+            if modes is not None:
+                modes[key] = "graph"
+            return us
+        except Exception as e:  # noqa: BLE001 - not capturable: time it eagerly
+            torch.cuda.synchronize()
+            if modes is not None:
+                modes[key] = "eager"
+                modes[key + " (graph error)"] = repr(e)[:200]
     return statistics.median(time_fn(fn, sets, DEV, iters=ITERS, warmup=3))
 
 
@@ -150,21 +171,34 @@ def child(out: Path, deadline: float) -> int:
         gen = torch.Generator(device=DEV).manual_seed(0)
         sets = [cases._make_prefill(shape, DEV, gen) for _ in range(2)]
         data[_name(shape)] = sets
-        row = {"shape": shape, "ours": {}, "check": {}}
+        row = {"shape": shape, "ours": {}, "check": {}, "mode": {}, "rounds": {}}
         want_o, want_s = ours(OLD)(sets[0])
-        for tun in [OLD, *NEW]:
-            t0 = time.time()
+        for _ in range(3):  # settle after allocating the sets before anything is timed
+            ours(OLD)(sets[1])
+        torch.cuda.synchronize()
+        time.sleep(0.2)
+        tunings = [OLD, *NEW]
+        for tun in NEW:
             try:
-                if tun is not OLD:
-                    o, s = ours(tun)(sets[0])
-                    row["check"][_name(tun)] = {"o": _rel(o, want_o), "state": _rel(s, want_s)}
-                us = _median_us(ours(tun), sets)
-                row["ours"][_name(tun)] = {"us": round(us, 1),
-                                           "Mtok/s": round(shape["T"] / us, 3)}
+                o, s = ours(tun)(sets[0])
+                row["check"][_name(tun)] = {"o": _rel(o, want_o), "state": _rel(s, want_s)}
             except Exception as e:  # noqa: BLE001 - report, go on with the next variant
                 row["ours"][_name(tun)] = {"error": repr(e)[:400]}
-            print(f"ours {_name(shape)} {_name(tun)}: {row['ours'][_name(tun)]} "
-                  f"{row['check'].get(_name(tun), '')} ({time.time() - t0:.1f} s)", flush=True)
+        for r in range(ROUNDS):
+            for tun in tunings[r % len(tunings):] + tunings[:r % len(tunings)]:
+                key = _name(tun)
+                if "error" in row["ours"].get(key, {}):
+                    continue
+                t0 = time.time()
+                try:
+                    us = _median_us(ours(tun), sets, row["mode"], key)
+                    row["rounds"].setdefault(key, []).append(round(us, 1))
+                    us = statistics.median(row["rounds"][key])
+                    row["ours"][key] = {"us": round(us, 1), "Mtok/s": round(shape["T"] / us, 3)}
+                except Exception as e:  # noqa: BLE001 - report, go on with the next variant
+                    row["ours"][key] = {"error": repr(e)[:400]}
+                print(f"ours {_name(shape)} {key} round {r}: {row['ours'][key]} "
+                      f"{row['check'].get(key, '')} ({time.time() - t0:.1f} s)", flush=True)
         res["shapes"].append(row)
         save()
     d16 = data[_name(PROFILE_SHAPE)][0]
@@ -175,6 +209,8 @@ def child(out: Path, deadline: float) -> int:
     save()
     _table(res)
 
+    if os.environ.get("GDN_FLA", "1") == "0":  # ours only (a re-check of a default)
+        return 0
     err = _install_fla()
     if err or cases._fla() is None:
         res["fla_error"] = err or "fla.ops.gated_delta_rule did not import"
@@ -201,7 +237,15 @@ def child(out: Path, deadline: float) -> int:
                                               "state": _rel(s, want_s)}
             except Exception as e:  # noqa: BLE001 - a layout mismatch must not lose the time
                 row["check"]["fla_vs_old"] = {"error": repr(e)[:300]}
-            us = _median_us(cases._fla_prefill, data[_name(row["shape"])])
+            fla_sets = data[_name(row["shape"])]
+            for _ in range(3):  # settle after the autotune's allocations before timing
+                cases._fla_prefill(fla_sets[0])
+            torch.cuda.synchronize()
+            time.sleep(0.2)
+            rounds = [_median_us(cases._fla_prefill, fla_sets, row["mode"], "fla")
+                      for _ in range(ROUNDS)]
+            us = statistics.median(rounds)
+            row["rounds"]["fla"] = [round(x, 1) for x in rounds]
             row["fla"] = {"us": round(us, 1), "Mtok/s": round(row["shape"]["T"] / us, 3)}
             for k, v in row["ours"].items():
                 if "us" in v:

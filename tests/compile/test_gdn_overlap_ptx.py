@@ -7,6 +7,7 @@ a subprocess without TRITON_INTERPRET (as the compile matrix does); run as a scr
 prints the checked PTX facts as JSON."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ("state", "state_overlap", "state_overlap_all", "output_overlap", "wy_apply_overlap_all")
+CASES = ("state", "state_stages", "state_overlap", "state_overlap_all", "output_overlap", "wy_apply_overlap_all")
 RELEASE = re.compile(r"bar\.sync 0;\s*mov\.b32 %r\d+, 0;.*?atom\.global\.gpu\.release\.add", re.S)
 ACQUIRE = re.compile(r"(ld|atom)\.global\.gpu\.acquire\.[a-z0-9.]+[^\n]*\n(?:[^\n]*\n){0,12}?"
                      r"[^\n]*bar\.sync\s+0;", re.S)
@@ -26,7 +27,12 @@ def facts() -> dict:
     from tskernels.ops.gdn import triton_chunk as tc
 
     out = {}
-    for case in tc._cases():
+    cases = tc._cases()
+    # the plain state kernel at the flagged one's stage count (its shared memory is the bar)
+    plain = next(c for c in cases if c.label == "state")
+    cases.append(dataclasses.replace(plain, num_stages=tc.OVERLAP_STATE_STAGES,
+                                     label="state_stages"))
+    for case in cases:
         if case.label in CASES and case.builds_for("sm_90"):
             r = compile_case(case, "sm_90")
             out[case.label] = {"shared": r.shared_bytes,
@@ -46,11 +52,15 @@ def test_overlap_ptx_orders_memory():
     f = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(f) == set(CASES), f
     # the plain state kernel publishes nothing; the flagged ones trigger and publish with a
-    # barrier before the release, keeping the plain kernel's pipelined shared memory (3 stages)
+    # barrier before the release, keeping the plain kernel's pipelined shared memory at their
+    # stage count ("output": OVERLAP_STATE_STAGES, "all": Triton's default 3)
     assert not f["state"]["plain_release"] and not f["state"]["trigger"]
     for name in ("state_overlap", "state_overlap_all", "wy_apply_overlap_all"):
         assert f[name]["trigger"] and f[name]["release"], (name, f[name])
-    assert f["state_overlap"]["shared"] == f["state_overlap_all"]["shared"] == f["state"]["shared"]
+    assert f["state_overlap_all"]["shared"] == f["state"]["shared"]
+    assert f["state_overlap"]["shared"] == f["state_stages"]["shared"]
+    # (pipelining lost would also make the stage counts alike: 28 KB at any count)
+    assert f["state_stages"]["shared"] < f["state"]["shared"]
     # the waits: acquire, then a barrier before the guarded loads
     for name in ("output_overlap", "state_overlap_all"):
         assert f[name]["acquire"], (name, f[name])

@@ -387,6 +387,23 @@ def test_wy64_pieces_equal_one_prefill_and_fused(kernel_device, dtype):
     assert_close(state, one_s.double(), dtype, name="wy64 pieces state")
 
 
+@pytest.mark.parametrize("pdl_ok, target, want", [(True, "sm_90", "output"),
+                                                   (True, "sm_100", False),
+                                                   (True, "sm_120", False),
+                                                   (False, "sm_90", False),
+                                                   (False, "gfx942", False)])
+def test_prefill_default_overlap_rule(monkeypatch, pdl_ok, target, want):
+    """A plain call overlaps the output kernel only where that was timed (sm_90, PDL present);
+    compile-verified targets, ROCm and the interpreter keep the plain launch order."""
+    from types import SimpleNamespace
+
+    from tskernels.ops.gdn import triton_chunk as tc
+    monkeypatch.setattr(tc.pdl, "supported", lambda device: pdl_ok)
+    monkeypatch.setattr(tc, "platform_of", lambda device: SimpleNamespace(target=target))
+    assert tc._default_overlap(torch.device("cpu")) == want
+    assert tc.DEFAULT_OVERLAP in tc.OVERLAPS and tc.DEFAULT_OVERLAP != "all"
+
+
 @pytest.mark.parametrize("tuning, match", [({"variant": "wgmma"}, "variant"),
                                            ({"wy_solve": "lu"}, "wy_solve"),
                                            ({"norm": "inline"}, "norm"),

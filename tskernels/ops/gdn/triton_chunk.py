@@ -15,9 +15,9 @@ Launches over (chunk, value head) or (value block, sequence x value head):
 3. `_output_kernel` (per chunk and value block): O = (e^G Q) H_c +
    [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
 q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`), or (opt-in,
-split variant) scales applied inside them. Opt-in overlap (DEFAULT_OVERLAP): 3 runs beside 2,
-and with "all" 2 beside 1's W / U half, through per-chunk counters and programmatic dependent
-launches (docs/OPS.md).
+split variant) scales applied inside them. Overlap (the default "output" on sm_90, see
+DEFAULT_OVERLAP): 3 runs beside 2, and with opt-in "all" 2 beside 1's W / U half, through
+per-chunk counters and programmatic dependent launches (docs/OPS.md).
 
 Ragged batches need no host sync: the grid is an upper bound on the chunk count
 (T // 64 + N), `chunk_offsets` (cumulative chunks per sequence, computed on the device) maps a
@@ -76,8 +76,17 @@ NORMS = ("launch", "fused")
 # (or True): the output kernel runs chunk c as soon as the state recurrence has passed it, not
 # after it (the recurrence keeps one 4-warp program per SM busy, the output work fills the
 # rest); "all" (split variant): also the W / U products, a persistent kernel the recurrence
-# follows OVERLAP_SEG chunks at a time. Not yet timed, so off.
-DEFAULT_OVERLAP = False
+# follows OVERLAP_SEG chunks at a time. A plain call takes "output" on OUTPUT_TARGETS (where it
+# was timed) when PDL exists, else False. H200, session 22 (benchmarks/RESULTS.md; graph replay,
+# median of 3 rounds, us, no overlap -> "output" with 2 state stages): T = 4k 277.0 -> 267.7,
+# 16k 1031.2 -> 992.1, 64k 4174.2 -> 3940.9, varlen 8 x 4k 2097.3 -> 1952.3; "all" was slower
+# than no overlap on every shape.
+DEFAULT_OVERLAP = "output"
+OUTPUT_TARGETS = ("sm_90",)
+# the state kernel's software-pipeline stages under overlap "output" (tuning "state_stages"
+# overrides): 2 leave shared memory for an output program beside each state program (82 KB
+# against 119 KB at Triton's default 3); without overlap 3 stay (2 were 11 % slower at 16k)
+OVERLAP_STATE_STAGES = 2
 OVERLAPS = (False, "output", "all")
 OVERLAP_SEG = 8
 # the persistent W / U kernel's programs per SM. sm_90 registers per thread (4 warps, allocated
@@ -607,6 +616,14 @@ def l2norm(x: torch.Tensor, x2: torch.Tensor | None = None, rows_per_program: in
     return y if x2 is None else (y, y2)
 
 
+def _default_overlap(device: torch.device):
+    """A plain call's overlap: DEFAULT_OVERLAP where it was timed (OUTPUT_TARGETS, with PDL),
+    else none (the interpreter, ROCm, pre-sm_90, the compile-verified targets)."""
+    if not pdl.supported(device) or platform_of(device).target not in OUTPUT_TARGETS:
+        return False
+    return DEFAULT_OVERLAP
+
+
 def _prec(dtype: torch.dtype) -> bool:
     # fp32 activations keep fp32 products (ieee); fp16 / bf16 tiles multiply natively
     return dtype == torch.float32
@@ -685,7 +702,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     fuse_norm = use_qk_l2norm and norm == "fused" and variant == "split"
     if use_qk_l2norm and not fuse_norm:
         q, k = l2norm(q, k, tuning.get("norm_rows", NORM_ROWS))
-    overlap = tuning.get("overlap", DEFAULT_OVERLAP)
+    overlap = tuning["overlap"] if "overlap" in tuning else _default_overlap(q.device)
     overlap = "output" if overlap is True else overlap
     if overlap not in OVERLAPS:
         raise ValueError(f"tuning: expected overlap in {OVERLAPS} or True, got {overlap!r}")
@@ -763,6 +780,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     stages = {"num_stages": state_stages, **amd} if arch else {}
     if "state_stages" in tuning:
         stages["num_stages"] = tuning["state_stages"]
+    elif overlap == "output" and not arch:
+        stages["num_stages"] = OVERLAP_STATE_STAGES
     # (CDNA keeps 8 waves at V >= 128: 4 took 327 VGPRs, one wave per SIMD; see CDNA_OPTIONS)
     out_warps = tuning.get("out_warps", 8 if arch and dv >= 128 else OUT_WARPS)
     vn = torch.empty(total, hv, dv, dtype=dt, device=dev)
@@ -844,7 +863,8 @@ def _cases():
     # "all"), the waiting output kernel, the persistent flagged W / U kernel
     out += [CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False,
                                                 OVERLAP=True, PDL=True, WAIT_SEG=0),
-                        num_warps=4, uses_dot=True, label="state_overlap", targets=pdl.TARGETS),
+                        num_warps=4, num_stages=OVERLAP_STATE_STAGES, uses_dot=True,
+                        label="state_overlap", targets=pdl.TARGETS),
             CompileCase(_state_kernel, st, dict(heads, BV=32, HAS_H0=True, NORM=False,
                                                 OVERLAP=True, PDL=True, WAIT_SEG=OVERLAP_SEG),
                         num_warps=4, uses_dot=True, label="state_overlap_all",
