@@ -40,6 +40,8 @@ TEST_K = [("launch_variants or pieces_equal_one_prefill_and or unknown_variant",
 TEST_K = [tuple(t) for t in json.loads(os.environ["GDN_TESTS"])] if "GDN_TESTS" in os.environ \
     else TEST_K
 SHAPES = [{"T": 4096, "N": 1}, {"T": 16384, "N": 1}, {"T": 65536, "N": 1}, {"T": 32768, "N": 8}]
+# GDN_SHAPES (JSON list of {"T", "N"}) adds shapes after these (the profile stays at T = 16k)
+SHAPES += json.loads(os.environ.get("GDN_SHAPES", "[]"))
 OLD = {"variant": "fused"}
 NEW = [{"variant": "wy64"},                              # 8 warps, [4,16,16] solve, 64 cols
        {"variant": "wy64", "wy_diag_x4": False},        # 128 regs: two CTAs per SM
@@ -93,7 +95,7 @@ def _pytest(k: str, limit: float) -> dict:
 
 # ---- stage 2 (child process) ------------------------------------------------------------------
 def _name(tuning: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in tuning.items())
+    return ",".join(f"{k}={v}" for k, v in tuning.items()) or "default"
 
 
 def _rel(a, b) -> dict:

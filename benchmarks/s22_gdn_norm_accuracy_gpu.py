@@ -8,6 +8,9 @@ the bench's Qwen3-Next data (16 key / 32 value heads, dims 128): o and final-sta
 rel max per variant, FLA too when its wheels are in .whl.
 
     python benchmarks/s22_gdn_norm_accuracy_gpu.py $OUT     # -> $OUT/s22_gdn_norm_accuracy.json
+
+Session 23 ran it again (the session-22 files were not kept) with the plain call's _launch_rule
+form and both state_bv values.
 """
 from __future__ import annotations
 
@@ -23,9 +26,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SHAPES = [{"T": 4096, "N": 1}, {"T": 8192, "N": 4}]
-VARIANTS = {"launch (default)": {"variant": "split"},
-            "fused norm": {"variant": "split", "norm": "fused"},
-            "launch, no overlap": {"variant": "split", "overlap": False}}
+# (session 23: the plain call picks norm / state_bv by _launch_rule; the explicit forms beside it)
+VARIANTS = {"default": {},
+            "launch, state_bv 32": {"norm": "launch", "state_bv": 32},
+            "fused norm, state_bv 32": {"norm": "fused", "state_bv": 32},
+            "launch, state_bv 64": {"norm": "launch", "state_bv": 64},
+            "fused norm, state_bv 64": {"norm": "fused", "state_bv": 64},
+            "launch, no overlap": {"norm": "launch", "state_bv": 32, "overlap": False}}
 
 
 def _rel(a, b) -> dict:

@@ -404,6 +404,25 @@ def test_prefill_default_overlap_rule(monkeypatch, pdl_ok, target, want):
     assert tc.DEFAULT_OVERLAP in tc.OVERLAPS and tc.DEFAULT_OVERLAP != "all"
 
 
+@pytest.mark.parametrize("pdl_ok, target, seqs, hv, dv, want", [
+    (True, "sm_90", 1, 32, 128, {"state_bv": 32, "norm": "fused"}),     # 128 programs
+    (True, "sm_90", 2, 32, 128, {"state_bv": 64, "norm": "fused"}),     # 256 -> 128
+    (True, "sm_90", 8, 32, 128, {"state_bv": 64, "norm": "launch"}),    # 512 at 64
+    (True, "sm_90", 8, 4, 32, {"state_bv": 32, "norm": "fused"}),       # dv < 64: no wide
+    (True, "sm_90", 64, 4, 32, {"state_bv": 32, "norm": "launch"}),
+    (True, "sm_100", 1, 32, 128, {}), (False, "sm_90", 1, 32, 128, {})])
+def test_prefill_launch_rule(monkeypatch, pdl_ok, target, seqs, hv, dv, want):
+    """sm_90's plain call picks state columns and the q / k norm from the state grid against
+    the SM count (132 here); elsewhere the kernels' own defaults stay."""
+    from types import SimpleNamespace
+
+    from tskernels.ops.gdn import triton_chunk as tc
+    monkeypatch.setattr(tc.pdl, "supported", lambda device: pdl_ok)
+    monkeypatch.setattr(tc, "platform_of",
+                        lambda device: SimpleNamespace(target=target, num_sms=132))
+    assert tc._launch_rule(torch.device("cpu"), seqs, hv, dv) == want
+
+
 @pytest.mark.parametrize("tuning, match", [({"variant": "wgmma"}, "variant"),
                                            ({"wy_solve": "lu"}, "wy_solve"),
                                            ({"norm": "inline"}, "norm"),

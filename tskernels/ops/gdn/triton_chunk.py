@@ -14,8 +14,8 @@ Launches over (chunk, value head) or (value block, sequence x value head):
    the chunk-start state H_c, V'_c = U_c - W_c H_c, and H_(c+1) = e^(G_C) H_c + (e^(G_C - G) K)^T V'.
 3. `_output_kernel` (per chunk and value block): O = (e^G Q) H_c +
    [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
-q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`), or (opt-in,
-split variant) scales applied inside them. Overlap (the default "output" on sm_90, see
+q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`), or (split variant;
+sm_90's choice for a state grid within the SMs, see _launch_rule) scales applied inside them. Overlap (the default "output" on sm_90, see
 DEFAULT_OVERLAP): 3 runs beside 2, and with opt-in "all" 2 beside 1's W / U half, through
 per-chunk counters and programmatic dependent launches (docs/OPS.md).
 
@@ -69,9 +69,23 @@ SPLIT_WARPS = 2
 SPLIT_BK = 32
 SPLIT_TF32 = True
 # q / k L2 normalisation (use_qk_l2norm): "launch" (one kernel writes normalised copies) or
-# "fused" (split variant only: the kernels scale by the rsqrt norms as they go; not yet timed)
+# "fused" (split variant only: the kernels scale by the rsqrt norms as they go). DEFAULT_NORM
+# is the plain call's choice except where _launch_rule picks (sm_90, below)
 DEFAULT_NORM = "launch"
 NORMS = ("launch", "fused")
+# The state kernel's value columns per program (tuning "state_bv"); on OUTPUT_TARGETS a plain
+# call picks by the state grid (sequences x value heads x value blocks) against the SM count
+# (_launch_rule): STATE_BV while that grid fits on the SMs (one 4-warp program per SM, each a
+# serial chain of chunks, latency-bound), STATE_BV_WIDE where it would not (fewer, wider
+# programs: a throughput-bound grid), and the fused q / k norm only where the chosen grid fits
+# (its rsqrt scaling rides in the state programs: free while they wait on latency, not once
+# they queue). H200, session 22, overlap "output" (benchmarks/RESULTS.md, graph replay, us,
+# launch norm / fused norm / state_bv 64): T = 16k 995.7 / 947.7 / 1067.2, 64k 3945.5 /
+# 3782.0 / 4229.2, varlen 8 x 4k 1957.4 / 2012.2 / 1815.9 (fused + 64: 1862.7). The fused norm
+# is also the more accurate (bf16, T = 4k: o rel rms 3.71e-3 against 4.40e-3 for the launch and
+# for flash-linear-attention, from a float64 reference)
+STATE_BV = 32
+STATE_BV_WIDE = 64
 # Overlapped launches (per-chunk flags, programmatic dependent launches on sm_90+): "output"
 # (or True): the output kernel runs chunk c as soon as the state recurrence has passed it, not
 # after it (the recurrence keeps one 4-warp program per SM busy, the output work fills the
@@ -624,6 +638,18 @@ def _default_overlap(device: torch.device):
     return DEFAULT_OVERLAP
 
 
+def _launch_rule(device: torch.device, num_seqs: int, hv: int, dv: int) -> dict:
+    """A plain call's state columns and norm on OUTPUT_TARGETS with PDL (where they were timed,
+    see STATE_BV), from the shapes alone (no host sync); {} elsewhere (the kernels' defaults)."""
+    if not pdl.supported(device) or platform_of(device).target not in OUTPUT_TARGETS:
+        return {}
+    sms = platform_of(device).num_sms or 0
+    bv = min(dv, STATE_BV)
+    if num_seqs * hv * (dv // bv) > sms and dv % STATE_BV_WIDE == 0:
+        bv = STATE_BV_WIDE
+    return {"state_bv": bv, "norm": "fused" if num_seqs * hv * (dv // bv) <= sms else "launch"}
+
+
 def _prec(dtype: torch.dtype) -> bool:
     # fp32 activations keep fp32 products (ieee); fp16 / bf16 tiles multiply natively
     return dtype == torch.float32
@@ -694,7 +720,8 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g = g.contiguous().float()
     beta = beta.contiguous()
-    norm = tuning.get("norm", DEFAULT_NORM)
+    rule = _launch_rule(q.device, num_seqs, hv, dv)
+    norm = tuning.get("norm", rule.get("norm", DEFAULT_NORM))
     if norm not in NORMS:
         raise ValueError(f"tuning: expected norm in {NORMS}, got {norm!r}")
     # "fused": the split pipeline normalises q / k inside its kernels (the solve kernel stores the
@@ -775,7 +802,7 @@ def chunk_prefill(q, k, v, g, beta, *, cu_seqlens, initial_state=None, scale=Non
                                      RELOAD_K=tuning.get("wy_reload", dk >= 128),
                                      SOLVE_POW=solve == "pow",
                                      num_warps=tuning.get("wy_warps", 4), **amd)
-    state_bv, state_stages = CDNA_STATE[arch] if arch else (32, None)
+    state_bv, state_stages = CDNA_STATE[arch] if arch else (rule.get("state_bv", STATE_BV), None)
     bv = min(dv, tuning.get("state_bv", state_bv))
     stages = {"num_stages": state_stages, **amd} if arch else {}
     if "state_stages" in tuning:
@@ -876,6 +903,28 @@ def _cases():
             CompileCase(_output_kernel, out_sig, dict(heads, LOG_N=4, BV=OUT_BV, NORM=False,
                                                          OVERLAP=4),
                         num_warps=OUT_WARPS, uses_dot=True, label="output_overlap",
+                        targets=pdl.TARGETS)]
+    # _launch_rule's launches on sm_90: one sequence (a state grid within the SMs) takes the
+    # fused q / k norm in all four kernels; many take STATE_BV_WIDE columns with the norm launch
+    out += [CompileCase(_wy_solve_kernel, solve, dict(HK=16, HV=32, K=128, PREC=False, LOG_N=4,
+                                                       SOLVE_POW=True, BK=SPLIT_BK,
+                                                       TF32=SPLIT_TF32, NORM=True),
+                        num_warps=SPLIT_WARPS, uses_dot=True, narrow_dot=True,
+                        label="wy_solve_norm", targets=nvidia),
+            CompileCase(_wy_apply_kernel, apply, dict(heads, LOG_N=4, NORM=True, SEG=0,
+                                                      PDL=False),
+                        num_warps=4, uses_dot=True, label="wy_apply_norm", targets=nvidia),
+            CompileCase(_state_kernel, st, dict(heads, BV=STATE_BV, HAS_H0=True, NORM=True,
+                                                OVERLAP=True, PDL=True, WAIT_SEG=0),
+                        num_warps=4, num_stages=OVERLAP_STATE_STAGES, uses_dot=True,
+                        label="state_overlap_norm", targets=pdl.TARGETS),
+            CompileCase(_state_kernel, st, dict(heads, BV=STATE_BV_WIDE, HAS_H0=True,
+                                                NORM=False, OVERLAP=True, PDL=True, WAIT_SEG=0),
+                        num_warps=4, num_stages=OVERLAP_STATE_STAGES, uses_dot=True,
+                        label="state_overlap_wide", targets=pdl.TARGETS),
+            CompileCase(_output_kernel, out_sig, dict(heads, LOG_N=4, BV=OUT_BV, NORM=True,
+                                                         OVERLAP=128 // STATE_BV),
+                        num_warps=OUT_WARPS, uses_dot=True, label="output_overlap_norm",
                         targets=pdl.TARGETS)]
     opts = tuple(CDNA_OPTIONS.items())
     for arch in CDNA_ARCHS:
