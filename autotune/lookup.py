@@ -6,7 +6,8 @@ current (not stale) entry supplies the config:
 1. ``exact``: D's tables (user, then shipped) hold K at bucket B;
 2. ``nearest-bucket``: D's tables hold K at a bucket with the same string dimensions
    (dtypes, layouts) whose integer dimensions are closest on a log2 scale, at most
-   K's `max_distance` (default 3: within 8x summed over the dimensions) away;
+   K's `max_distance` (default 3: within 8x summed over the dimensions) away, and not an
+   entry that only confirms its own bucket's heuristic where P's heuristic differs;
 3. ``family:<device>``: a device of D's architecture family (an H200 uses H100 entries,
    an MI325X MI300X entries), exact bucket first, then nearest;
 4. ``heuristic``: K's own heuristic.
@@ -116,6 +117,24 @@ class Lookup:
             if why:
                 skipped.append(f"[{e.bucket}] {e.config}: does not fit this problem ({why})")
             return why is None
+        def informs(e: Entry) -> bool:
+            # An entry equal to its own bucket's heuristic config says only "the heuristic won
+            # there". Where this problem's heuristic is another config (another row of the
+            # kernel's own table) that is no evidence for the entry's config here, so the chain
+            # goes on (session 23: the H200's T = 1024 MoE entry, the 1024-row heuristic,
+            # handed 64-row tiles to T = 8192, whose 128-row heuristic is 15 % faster).
+            # A heuristic that cannot read the bucket's values (dims named unlike the
+            # problem's keys) keeps the entry.
+            try:
+                at_e = ks.heuristic_for({**problem, **parse_bucket(e.bucket)}, target)
+                here = ks.heuristic_for(problem, target)
+            except (KeyError, TypeError, ValueError):
+                return True
+            if e.config == at_e and at_e != here:
+                skipped.append(f"[{e.bucket}] {e.config}: that bucket's heuristic, not this "
+                               f"problem's ({here})")
+                return False
+            return True
         want = bucket_str(dims)
         for e in entries:
             if e.bucket == want and fits(e):
@@ -124,7 +143,7 @@ class Lookup:
                         if (d := _distance(dims, parse_bucket(e.bucket), ks.exact)) is not None
                         and d <= ks.max_distance)
         for _, _, i in scored:
-            if fits(entries[i]):
+            if fits(entries[i]) and informs(entries[i]):
                 return entries[i], False
         return None, False
 

@@ -132,6 +132,22 @@ def test_moe_heuristic_is_tiles_for(T, w):
         assert "fp8" in ks.prune(bad, p, SM90)
 
 
+@pytest.mark.parametrize("T", [2048, 4096, 8192])
+def test_shipped_h200_moe_prefill_takes_its_own_tiles(T):
+    """The shipped H200 table's one MoE entry (T = 1024) is that bucket's heuristic: it must
+    not replace the 128-row tiles of the larger prefill buckets (session 23: it did, and the
+    T = 8192 layer ran 15 % slower with 64-row tiles)."""
+    from dataclasses import asdict
+
+    from autotune import choose
+    from tskernels.ops.moe.triton_experts import tiles_for
+    ks = spaces()["moe.fused_experts.triton"]
+    c = choose(ks, {"T": T, "E": 128, "k": 8, "H": 2048, "I": 768, "w": "bf16"},
+               "nvidia-h200", target=SM90)
+    assert c.config == asdict(tiles_for(T, False))
+    assert c.link == ("nearest-bucket" if T == 2048 else "heuristic")
+
+
 def test_store_merge_greedy_gdn_heuristics_and_pruning():
     store = spaces()["attention.store_kv.triton"]
     p = {"T": 64, "H": 8, "D": 128, "kv": "bf16", "dtype": "bf16"}

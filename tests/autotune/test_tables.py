@@ -85,6 +85,28 @@ def test_lookup_chain_exact_nearest_family_heuristic(tmp_path):
     assert device_family("amd-mi325x") == device_family("amd-mi300x") == "cdna3"
 
 
+def test_nearest_entry_that_is_its_buckets_heuristic_yields_to_this_problems(tmp_path):
+    """A tuned entry equal to its own bucket's heuristic ("the heuristic won there") is not
+    handed to a problem whose heuristic is another config; an entry that beat its heuristic
+    still is, and so is one whose heuristic agrees with the problem's."""
+    def heur(p):
+        return {"block": 64 if p["N"] <= 2048 else 128, "warps": 4}
+    ks = KernelSpace(kernel="toy.op.triton", space=Space(block=[32, 64, 128, 256], warps=[4, 8]),
+                     key=lambda p: {"N": 1 << (p["N"] - 1).bit_length(), "dtype": p["dtype"]},
+                     heuristic=heur, source=lambda: SRC["text"])
+    tables = _tables(tmp_path, {"nvidia-h200": [
+        _entry(ks, {"N": 1024, "dtype": "bf16"}, {"block": 64, "warps": 4}),     # = its heuristic
+        _entry(ks, {"N": 1024, "dtype": "fp16"}, {"block": 32, "warps": 8})]})   # beat it
+    look = Lookup(tables)
+    c = look.choose(ks, {"N": 8192, "dtype": "bf16"}, "nvidia-h200")
+    assert (c.link, c.config) == ("heuristic", {"block": 128, "warps": 4})
+    assert any("that bucket's heuristic" in s for s in c.skipped)
+    c = look.choose(ks, {"N": 2048, "dtype": "bf16"}, "nvidia-h200")       # same heuristic
+    assert (c.link, c.config) == ("nearest-bucket", {"block": 64, "warps": 4})
+    c = look.choose(ks, {"N": 8192, "dtype": "fp16"}, "nvidia-h200")
+    assert (c.link, c.config) == ("nearest-bucket", {"block": 32, "warps": 8})
+
+
 def test_user_entries_beat_shipped(tmp_path):
     ks = _space()
     b = {"N": 4096, "dtype": "bf16"}
