@@ -112,3 +112,31 @@ def test_one_launch_and_chained_rope(kernel_device, monkeypatch, chain, one_laun
     qa, none = tskernels.rope.apply_rope(q, None, pos, cache, style="neox", backend="triton")
     assert none is None
     assert_close(qa, q64, baseline=qb, name="q alone")
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_one_launch_only_up_to_its_token_bound(kernel_device, monkeypatch, chain):
+    """ONE_LAUNCH pairs q and k only up to ONE_LAUNCH_MAX_T tokens (past it one launch each
+    was faster on the H200); both forms give the reference's values."""
+    from tskernels.ops.rope import triton as rope_triton
+    from tskernels.ops.shared import pdl
+    monkeypatch.setattr(rope_triton, "ONE_LAUNCH", True)
+    monkeypatch.setattr(rope_triton, "ONE_LAUNCH_MAX_T", 2)
+    monkeypatch.setattr(pdl, "CHAIN", frozenset({"rope"} if chain else ()))
+    calls = []
+    for name in ("_qk_pair", "_rotate"):
+        real = getattr(rope_triton, name)
+        monkeypatch.setattr(rope_triton, name,
+                            lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
+    cache = tskernels.rope.cos_sin_cache(64, 16, device=kernel_device)
+    for t, launches in ((2, 1), (3, 2)):
+        calls.clear()
+        q = torch.randn(t, 4, 16).to(kernel_device, torch.float16)
+        k = torch.randn(t, 2, 16).to(kernel_device, torch.float16)
+        pos = torch.arange(t, device=kernel_device) * 5
+        q64, k64 = ref.apply_rope(q.double(), k.double(), pos, cache.double(), style="neox")
+        qb, kb = ref.apply_rope(q, k, pos, cache, style="neox")
+        qo, ko = tskernels.rope.apply_rope(q, k, pos, cache, style="neox", backend="triton")
+        assert len(calls) == launches, calls
+        assert_close(qo, q64, baseline=qb, name="q")
+        assert_close(ko, k64, baseline=kb, name="k")

@@ -74,3 +74,34 @@ def test_a_shape_missing_a_key_is_one_line_naming_it(capsys):
     assert main(["attention.extend", "--shapes", "B=1,L=64", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "lacks 'N'" in err and "--shapes 'N=" in err
+
+
+def test_a_baseline_that_fails_is_recorded_not_fatal(monkeypatch):
+    """A baseline that cannot run a shape (cuBLAS's block-scaled fp8 at M = 1 on the H200's
+    torch) leaves its error in the row; ours and the other baselines are still timed. A failure
+    of ours still raises."""
+    import torch
+
+    from tskernels.bench.cli import _table
+    from tskernels.bench import core
+    from tskernels.bench.core import Bench, run_bench
+
+    def register_bench(b):  # for this test only
+        monkeypatch.setitem(core._BENCHES, b.name, b)
+
+    def boom(_d):
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED\nmore text")
+
+    def make(shape, device, gen):
+        return {"x": torch.randn(shape["n"], generator=gen, device=device)}
+    register_bench(Bench("test.failing_baseline", [{"n": 64}], make, ours=lambda d: d["x"] * 2,
+                         baselines={"broken": boom, "fine": lambda d: d["x"] + 1},
+                         bytes=lambda s: 8 * s["n"]))
+    res = run_bench("test.failing_baseline", device="cpu", iters=2)
+    row = res["rows"][0]
+    assert row["ours"]["us"] > 0 and row["fine"]["speedup_of_ours"] > 0
+    assert row["broken"] == {"error": "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED"}
+    assert "broken: failed (RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED)" in _table(res)
+    register_bench(Bench("test.failing_ours", [{"n": 64}], make, ours=boom))
+    with pytest.raises(RuntimeError, match="CUBLAS"):
+        run_bench("test.failing_ours", device="cpu", iters=2)

@@ -52,7 +52,8 @@ def _table(res: dict) -> str:
         shape = ",".join(f"{k}={v}" for k, v in row["shape"].items())
         if "ours_backend" in row:
             shape += f" [{row['ours_backend']}]"
-        extra = "".join(f"  {k}: {v['us']:.1f}us (ours x{v['speedup_of_ours']})"
+        extra = "".join(f"  {k}: {v['us']:.1f}us (ours x{v['speedup_of_ours']})" if "us" in v
+                        else f"  {k}: failed ({v['error']})"
                         for k, v in row.items() if isinstance(v, dict) and k not in ("ours", "shape"))
         gbps = f" {o['GB/s']} GB/s ({o.get('pct_of_copy_roofline')}% roof)" if o["GB/s"] else ""
         tf = f" {o['TFLOP/s']} TFLOP/s" if o["TFLOP/s"] else ""

@@ -23,6 +23,12 @@ from ..shared import pdl
 # each: one launch less per attention layer (on by default with the chain since the H200 A/B,
 # benchmarks/RESULTS.md "Session 16"); a chained rope (shared/pdl.CHAIN) takes that kernel too.
 ONE_LAUNCH = True
+# ...up to this many tokens: past it one launch each is faster (its k grid runs q's head blocks,
+# half empty for GQA). H200, Llama-3-8B heads (32 q / 8 kv, D 128, bf16), graph replay, best of
+# two, us, one launch / two (benchmarks/results/h200/s23_rope_ab.json): T = 1 0.87 / 1.59,
+# 64 1.66 / 2.04, 256 5.97 / 5.16, 1024 7.22 / 7.50, 4096 27.11 / 25.43, 16384 107.19 / 91.32,
+# 32768 213.87 / 178.58
+ONE_LAUNCH_MAX_T = 128
 
 
 @triton.jit
@@ -177,11 +183,13 @@ def _cases():
 @register("rope", "apply_rope", **TRITON, formats={"q": ("fp32", "fp16", "bf16")},
           tags=("deterministic",), compile_cases=_cases)
 def apply_rope(q, k, positions, cos_sin_cache, *, style, inplace):
-    """Triton RoPE over q and k (one launch each, or one for both: ONE_LAUNCH)."""
+    """Triton RoPE over q and k (one launch each, or one for both: ONE_LAUNCH, up to
+    ONE_LAUNCH_MAX_T tokens)."""
     cache = cos_sin_cache if cos_sin_cache.dtype == torch.float32 else cos_sin_cache.float()
     gptj = style == "gptj"
-    if pdl.chained("rope") or (ONE_LAUNCH and k is not None):
-        pair = k is not None and ONE_LAUNCH and k.shape[0] == q.shape[0] and \
+    one = ONE_LAUNCH and q.shape[0] <= ONE_LAUNCH_MAX_T
+    if pdl.chained("rope") or (one and k is not None):
+        pair = k is not None and one and k.shape[0] == q.shape[0] and \
             k.shape[2] == q.shape[2] and k.dtype == q.dtype
         qo, ko = _qk_pair(q, k if pair else None, inplace, positions, cache, gptj)
         if k is None or pair:
