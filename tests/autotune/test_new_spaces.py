@@ -54,6 +54,25 @@ def test_extend_heuristic_is_launch_config_and_fits(p):
             assert h in ks.candidates(dict(p, arch=tgt.arch), tgt)[0], (tgt.arch, h)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_extend_tuning_reference_in_row_blocks_equals_whole(causal):
+    """The extend runner's float64 reference, computed a block of rows at a time (the whole
+    score matrix needs 64 GiB at N = 16384), equals the one-call reference to float64 rounding
+    (the products are blocked differently: ~4e-16 apart)."""
+    from tskernels.ops.attention._tune import extend_reference_rows
+    from tskernels.testing.problems import paged_kv
+    from tskernels_ref.attention import extend as ref_extend
+    n, prefix, hq = 13, 9, 4
+    kv = paged_kv([n + prefix], 4, 2, 16, torch.float64, "cpu")
+    q = torch.randn(n, hq, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    whole = ref_extend(q, kv.k_cache, kv.v_cache, torch.tensor([0, n], dtype=torch.int32),
+                       kv.page_table, kv.seq_lens, causal=causal, scale=0.25)
+    for max_bytes in (1, 8 * hq * (n + prefix) * 4, 1 << 30):       # 1 row, 4 rows, all
+        got = extend_reference_rows(ref_extend, q, kv.k_cache, kv.v_cache, kv.page_table, n,
+                                    prefix, causal=causal, scale=0.25, max_bytes=max_bytes)
+        torch.testing.assert_close(got, whole, rtol=1e-12, atol=1e-12)
+
+
 def test_extend_prune_reasons():
     ks = spaces()["attention.extend.triton"]
     p = {"d": 256, "g": 4, "q": "bf16", "kv": "bf16", "causal": 1, "N": 4096, "P": 0}
