@@ -127,14 +127,16 @@ class Lookup:
             # problem's keys) keeps the entry.
             try:
                 at_e = ks.heuristic_for({**problem, **parse_bucket(e.bucket)}, target)
-                here = ks.heuristic_for(problem, target)
+                if "here" not in mine:      # this problem's heuristic, once per lookup
+                    mine["here"] = ks.heuristic_for(problem, target)
             except (KeyError, TypeError, ValueError):
                 return True
-            if e.config == at_e and at_e != here:
+            if e.config == at_e and at_e != mine["here"]:
                 skipped.append(f"[{e.bucket}] {e.config}: that bucket's heuristic, not this "
-                               f"problem's ({here})")
+                               f"problem's ({mine['here']})")
                 return False
             return True
+        mine: dict = {}
         want = bucket_str(dims)
         for e in entries:
             if e.bucket == want and fits(e):

@@ -68,8 +68,8 @@ def test_extend_tuning_reference_in_row_blocks_equals_whole(causal):
     whole = ref_extend(q, kv.k_cache, kv.v_cache, torch.tensor([0, n], dtype=torch.int32),
                        kv.page_table, kv.seq_lens, causal=causal, scale=0.25)
     for max_bytes in (1, 8 * hq * (n + prefix) * 4, 1 << 30):       # 1 row, 4 rows, all
-        got = extend_reference_rows(ref_extend, q, kv.k_cache, kv.v_cache, kv.page_table, n,
-                                    prefix, causal=causal, scale=0.25, max_bytes=max_bytes)
+        got = extend_reference_rows(q, kv.k_cache, kv.v_cache, kv.page_table, n, prefix,
+                                    causal=causal, scale=0.25, max_bytes=max_bytes)
         torch.testing.assert_close(got, whole, rtol=1e-12, atol=1e-12)
 
 

@@ -142,8 +142,6 @@ def _extend_prune(cfg, p, target) -> str | None:
 
 
 def _extend_runner(p, device):
-    from tskernels_ref.attention import extend as ref_extend
-
     from ...testing.problems import paged_kv
     from .triton_extend import ExtendPlan
     d, g, N, P = p["d"], p["g"], p["N"], p.get("P", 0)
@@ -166,7 +164,7 @@ def _extend_runner(p, device):
 
     def reference(_inputs):
         kc, vc = (kv.k_cache, kv.v_cache) if fp8 else (kv.k_cache.double(), kv.v_cache.double())
-        return extend_reference_rows(ref_extend, q.double(), kc, vc, kv.page_table, N, P,
+        return extend_reference_rows(q.double(), kc, vc, kv.page_table, N, P,
                                      causal=bool(p["causal"]), scale=d ** -0.5, **scales)
     return tuning.TensorRunner(lambda dev: (), launch, reference, device, rotate=False)
 
@@ -174,13 +172,14 @@ def _extend_runner(p, device):
 REF_SCORE_BYTES = 2 << 30
 
 
-def extend_reference_rows(ref_extend, q, k_cache, v_cache, page_table, n, prefix, *, causal,
+def extend_reference_rows(q, k_cache, v_cache, page_table, n, prefix, *, causal,
                           max_bytes=None, **kw):
     """The float64 reference of one request's n new rows over `prefix` cached tokens, computed
     a block of rows at a time so its score matrix stays under max_bytes (REF_SCORE_BYTES): the
     whole [Hq, n, n + prefix] float64 matrix is 64 GiB at n = 16384, more than the H200 holds.
     A causal block of rows a..b-1 is the request cut at prefix + b tokens (its rows are then
     the last ones, at the same positions); without the mask positions do not matter."""
+    from tskernels_ref.attention import extend as ref_extend
     dev = q.device
     max_bytes = REF_SCORE_BYTES if max_bytes is None else max_bytes
     rows = max(1, max_bytes // (8 * q.shape[1] * (n + prefix)))
@@ -192,7 +191,7 @@ def extend_reference_rows(ref_extend, q, k_cache, v_cache, page_table, n, prefix
                               torch.tensor([0, b - a], dtype=torch.int32, device=dev), page_table,
                               torch.tensor([total], dtype=torch.int32, device=dev),
                               causal=causal, **kw))
-    return torch.cat(out) if len(out) > 1 else out[0]
+    return torch.cat(out)
 
 
 EXTEND = declare(KernelSpace(

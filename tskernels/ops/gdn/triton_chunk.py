@@ -15,9 +15,10 @@ Launches over (chunk, value head) or (value block, sequence x value head):
 3. `_output_kernel` (per chunk and value block): O = (e^G Q) H_c +
    [(Q K^T) e^(G_i - G_j)]_(j <= i) V', times scale.
 q / k L2 normalisation (Qwen3-Next) is one launch before them (`l2norm`), or (split variant;
-sm_90's choice for a state grid within the SMs, see _launch_rule) scales applied inside them. Overlap (the default "output" on sm_90, see
-DEFAULT_OVERLAP): 3 runs beside 2, and with opt-in "all" 2 beside 1's W / U half, through
-per-chunk counters and programmatic dependent launches (docs/OPS.md).
+sm_90's choice for a state grid within the SMs, see _launch_rule) scales applied inside them.
+Overlap (the default "output" on sm_90, see DEFAULT_OVERLAP): 3 runs beside 2, and with opt-in
+"all" 2 beside 1's W / U half, through per-chunk counters and programmatic dependent launches
+(docs/OPS.md).
 
 Ragged batches need no host sync: the grid is an upper bound on the chunk count
 (T // 64 + N), `chunk_offsets` (cumulative chunks per sequence, computed on the device) maps a
@@ -630,18 +631,21 @@ def l2norm(x: torch.Tensor, x2: torch.Tensor | None = None, rows_per_program: in
     return y if x2 is None else (y, y2)
 
 
+def _timed_target(device: torch.device) -> bool:
+    """OUTPUT_TARGETS with PDL: where the plain call's launch forms were timed (not the
+    interpreter, ROCm, pre-sm_90 or the compile-verified targets)."""
+    return pdl.supported(device) and platform_of(device).target in OUTPUT_TARGETS
+
+
 def _default_overlap(device: torch.device):
-    """A plain call's overlap: DEFAULT_OVERLAP where it was timed (OUTPUT_TARGETS, with PDL),
-    else none (the interpreter, ROCm, pre-sm_90, the compile-verified targets)."""
-    if not pdl.supported(device) or platform_of(device).target not in OUTPUT_TARGETS:
-        return False
-    return DEFAULT_OVERLAP
+    """A plain call's overlap: DEFAULT_OVERLAP where it was timed, else none."""
+    return DEFAULT_OVERLAP if _timed_target(device) else False
 
 
 def _launch_rule(device: torch.device, num_seqs: int, hv: int, dv: int) -> dict:
-    """A plain call's state columns and norm on OUTPUT_TARGETS with PDL (where they were timed,
-    see STATE_BV), from the shapes alone (no host sync); {} elsewhere (the kernels' defaults)."""
-    if not pdl.supported(device) or platform_of(device).target not in OUTPUT_TARGETS:
+    """A plain call's state columns and norm where they were timed (see STATE_BV), from the
+    shapes alone (no host sync); {} elsewhere (the kernels' defaults)."""
+    if not _timed_target(device):
         return {}
     sms = platform_of(device).num_sms or 0
     bv = min(dv, STATE_BV)
