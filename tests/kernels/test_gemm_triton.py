@@ -122,9 +122,10 @@ def test_fp8_block_mm_rejects_other_blocks(kernel_device):
 
 
 @pytest.mark.gpu
-def test_gemv_and_fp8_split_under_cuda_graph_replay():
+def test_gemv_and_fp8_split_under_cuda_graph_replay(monkeypatch):
     """The split-K launches captured once and replayed: no host sync, workspace re-zeroed by
-    the kernels themselves between replays."""
+    the kernels themselves between replays (M = 1 kept off the rows kernel)."""
+    monkeypatch.setattr(triton_gemv, "ROWS_M1", None)
     dev = "cuda"
     a, b = _operands(1, 1024, 4096, torch.bfloat16, dev, 11)
     r = torch.randn(1, 1024, device=dev).bfloat16()
@@ -316,3 +317,44 @@ def test_decode_layer_chained_with_prefetch_under_graph_replay(monkeypatch):
         assert_close(out, want.float(), dtype=torch.bfloat16, name="layer output")
         assert torch.equal(kc, kc_want)
     _workspace_clean("cuda")
+
+
+@settings(max_examples=10 if not ON_GPU else 24, deadline=None)
+@given(n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K), bn=st.sampled_from([2, 4, 8]),
+       bk=st.sampled_from([64, 256, 2048]), residual=st.booleans(),
+       out_dtype=st.sampled_from([torch.float16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+def test_gemv_rows_kernel(kernel_device, n, k, bn, bk, residual, out_dtype, seed):
+    """The CUDA-core rows kernel (M = 1, whole rows per program, no split) for any N, K (K not
+    a multiple of BK: masked tail; BK above K: capped), residual or not, into a NaN-poisoned
+    output; on sm_90+ a PDL launch with one tile prefetched before its wait."""
+    a, b = _operands(1, n, k, torch.float16, kernel_device, seed)
+    r = torch.randn(1, n).to(kernel_device, torch.float16) if residual else None
+    out = torch.full((1, n), float("nan"), dtype=out_dtype, device=kernel_device)
+    triton_gemv.rows_mm(a, b, out, residual=r,
+                        config=dict(BN=bn, BK=bk, num_warps=4, PREFETCH=1))
+    want = ref.gemv(a.double(), b.double(), residual=None if r is None else r.double())
+    assert_close(out, want, baseline=ref.gemv(a, b, out_dtype=out_dtype, residual=r),
+                 name="gemv rows")
+
+
+def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
+    """M = 1 16-bit calls go to the rows kernel (ROWS_M1, or ROWS_SHAPE_CONFIGS's config for
+    their (N, K)) unless the switch is off; M = 2 does not; every path gives the product."""
+    calls = []
+    real = triton_gemv.rows_mm
+    monkeypatch.setattr(triton_gemv, "rows_mm",
+                        lambda *a, **kw: calls.append(kw["config"]) or real(*a, **kw))
+    shape_cfg = dict(BN=2, BK=64, num_warps=4)
+    monkeypatch.setattr(triton_gemv, "ROWS_SHAPE_CONFIGS", {(70, 300): shape_cfg})
+    a, b = _operands(2, 70, 300, torch.float16, kernel_device, 9)
+    want = ref.mm(a.double(), b.double())
+    for m, w, switch, got in ((1, b, triton_gemv.ROWS_M1, [shape_cfg]),
+                              (1, b[:69], triton_gemv.ROWS_M1, [triton_gemv.ROWS_M1]),
+                              (2, b, triton_gemv.ROWS_M1, []), (1, b, None, [])):
+        monkeypatch.setattr(triton_gemv, "ROWS_M1", switch)
+        calls.clear()
+        c = tskernels.gemm.gemv(a[:m], w, backend="triton")
+        assert calls == got
+        assert_close(c, want[:m, :w.shape[0]], baseline=ref.mm(a[:m], w), name="gemv dispatch")
+    _workspace_clean(kernel_device)

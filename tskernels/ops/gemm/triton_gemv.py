@@ -148,6 +148,50 @@ def _stream_early_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs
 
 
 @triton.jit
+def _rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w,
+                 BN: tl.constexpr, BK: tl.constexpr, HAS_RES: tl.constexpr,
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+    """c[0, n-tile] = w[n-tile] . x[0] (+ r) for one activation row, on the CUDA cores (x, c
+    and r contiguous; 16-bit weights).
+
+    No tensor-core tile and no split: each program owns BN whole weight rows and streams them
+    in BK-wide tiles into a [BN, BK] fp32 accumulator, reduced once at the end, so nothing
+    follows the loads but one reduction (no partials, atomics or arrival counters). Small
+    programs make a grid of many, which the block scheduler balances over the SMs as they
+    finish. PDL: a programmatic dependent launch (sm_90+) that lets its dependents launch at
+    once, asks L2 for its first PREFETCH weight tiles, then waits for the previous kernel
+    before it loads x or the residual or writes c."""
+    pid = tl.program_id(0)
+    offs_n = pid * BN + tl.arange(0, BN)
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
+    if PDL:
+        gdc_launch_dependents()
+        if PREFETCH > 0:
+            LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # 128 B
+            cols = tl.arange(0, PREFETCH * BK // LINE) * LINE
+            prefetch_l2(w_rows + cols[None, :], n_mask[:, None] & (cols < K)[None, :])
+        gdc_wait()
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    for k in range(0, K, BK):
+        offs_k = k + tl.arange(0, BK)
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(x_ptr + offs_k, eviction_policy="evict_last")
+        else:
+            k_mask = offs_k < K
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                        other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0, eviction_policy="evict_last")
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    c = tl.sum(acc, axis=1)
+    if HAS_RES:
+        c += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + offs_n, c.to(c_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
 def _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r,
               HAS_RES: tl.constexpr):
     if HAS_RES:
@@ -209,6 +253,19 @@ SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {
     (4096, 4096): (STREAM_CONFIGS[("16bit", 16)], 2),
     (4096, 14336): (STREAM_CONFIGS[("16bit", 16)], 2),
 }
+
+# one activation row (M = 1) with 16-bit weights on NVIDIA: the CUDA-core rows kernel
+# (_rows_kernel: no tensor-core tile, no split-K) in place of the split tensor-core kernel,
+# with this launch config (BN rows per program, BK, num_warps; PREFETCH weight tiles asked
+# into L2 before the PDL wait), or ROWS_SHAPE_CONFIGS's for its (N, K). None: off. H200,
+# M = 1, graph replay, back-to-back calls (benchmarks/RESULTS.md, session 24): the Llama-3-8B
+# projections 6144 / 4096 / 28672 x 4096 and 4096 x 14336 in 13.8 / 10.0 / 53.8 / 28.2 us
+# against the split kernel's 16.6 / 10.6 / 55.8 / 29.2 and cuBLAS's 16.2 / 13.5 / 55.6 / 31.4
+# (B = 1 Llama-3-8B decode 4.10 -> 3.91 ms/step). fp8 weights stay on the split kernel: the
+# rows form with the block scales folded into x was 2 % faster on the 15 MB DeepSeek-V3
+# shapes and 1.2-1.6x slower on the 38 / 117 MB ones.
+ROWS_M1: dict | None = dict(BN=4, BK=2048, num_warps=4)
+ROWS_SHAPE_CONFIGS: dict[tuple[int, int], dict] = {}
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
@@ -276,6 +333,10 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     m, k = x.shape
     n = w.shape[0]
     fp8 = x_scale is not None
+    if m == 1 and not fp8 and config is None and ROWS_M1 is not None and \
+            _tune.cdna_arch(x.device) is None:
+        return rows_mm(x, w, out, residual=residual,
+                       config=ROWS_SHAPE_CONFIGS.get((n, k), ROWS_M1))
     cfg, split, k_split = plan(m, n, k, fp8, x.device, config)
     if fp8 and (cfg["BK"] != block or block % cfg["BN"]):
         raise ValueError(f"block: the fp8 streaming kernel needs block == BK ({cfg['BK']}) "
@@ -303,6 +364,24 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     return out
 
 
+def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+            residual: torch.Tensor | None = None, config: dict) -> torch.Tensor:
+    """out[0] = x[0] @ w.T (+ residual) through _rows_kernel: x [1, K], w [N, K] 16-bit with
+    unit K stride, out / residual [1, N] with unit N stride. BK is capped at K's next power of
+    two (at least 64)."""
+    n, k = w.shape
+    bn = config["BN"]
+    bk = min(config["BK"], max(64, triton.next_power_of_2(k)))
+    pdl = _pdl(x.device)
+    prefetch = config.get("PREFETCH", 0) if pdl else 0
+    _rows_kernel[(triton.cdiv(n, bn),)](
+        w, x, out, residual if residual is not None else out, n, k, w.stride(0),
+        BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0, PDL=pdl,
+        PREFETCH=triton.next_power_of_2(prefetch) if prefetch else 0,
+        num_warps=config["num_warps"], num_stages=1, **({"launch_pdl": True} if pdl else {}))
+    return out
+
+
 def compile_cases(fp8: bool) -> list[CompileCase]:
     """The streaming kernel as launched: 16-bit (M=1..16) or fp8 (M up to 64), split or not."""
     wt = "*fp8e4nv" if fp8 else "*bf16"
@@ -321,6 +400,19 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], uses_dot=True,
             aligned=aligned, label=f"{'fp8' if fp8 else 'bf16'} M<={mp}"
                                    f"{' split' if split else ''}{' +res' if res else ''}"))
+    rows = []
+    if not fp8:  # the M = 1 rows kernel: plain, and the PDL launch that prefetches first
+        rsig = {"w_ptr": wt, "x_ptr": wt, "c_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
+                "K": "i32", "stride_w": "i32"}
+        rcfg = ROWS_M1 or dict(BN=4, BK=2048, num_warps=4)
+        rows.append(CompileCase(_rows_kernel, rsig, dict(BN=rcfg["BN"], BK=rcfg["BK"],
+                                                         HAS_RES=True, EVEN_K=True),
+                                num_warps=rcfg["num_warps"], num_stages=1,
+                                aligned=("K", "stride_w"), targets=_NVIDIA_TARGETS,
+                                label="rows bf16 +res M=1"))
+        rows.append(dataclasses.replace(rows[0], constexprs=dict(rows[0].constexprs, PDL=True,
+                                                                 PREFETCH=1),
+                                        targets=_PDL_TARGETS, label="rows bf16 +res M=1 pdl"))
     if not fp8:  # as launched on sm_90+ CUDA: a programmatic dependent launch (griddepcontrol)
         base = cases[-1]
         cases.append(CompileCase(_stream_kernel, sig, dict(base.constexprs, PDL=True),
@@ -341,7 +433,7 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             for arch, cfg in CDNA_STREAM_CONFIGS.items() for c in cases[:2]]
         cases = [c if c.targets else dataclasses.replace(c, targets=_NVIDIA_TARGETS)
                  for c in cases] + cdna
-    return cases
+    return cases + rows
 
 
 _PDL_TARGETS = ("sm_90", "sm_100", "sm_120")
