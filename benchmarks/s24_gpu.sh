@@ -1,5 +1,6 @@
 # Session 24 device stages. Each stage runs under its own limit; 0 (the default) skips it.
 #   GEMV_S: benchmarks/s24_gemv_gpu.py (decode GEMVs: split kernel vs rows / no-split, fp8 M=1)
+#   MOE_S:  benchmarks/s24_moe_rows_gpu.py (the decode MoE layer: tensor-core vs rows experts)
 #   AB_S / AB_PAIRS / AB_MODEL / AB_OLD: serve_ab.py at B = 1, the shipped launches vs the
 #           session-23 ones (AB_OLD: the --set switches naming them), alternated AB_PAIRS times
 #   AB_SETS: further engines run once each after the pairs, "tag:--set a=b --set c=d|tag2:..."
@@ -7,6 +8,7 @@
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs -> s24_gpu_tier.json
 #   EXT_S: autotune's extend tuning runner at N = 16384 (its row-block float64 reference)
 source benchmarks/gpu_setup.sh
+stage moe "${MOE_S:-0}" python benchmarks/s24_moe_rows_gpu.py "$OUT"
 stage gemv "${GEMV_S:-0}" python benchmarks/s24_gemv_gpu.py "$OUT" $(( ${GEMV_S:-0} - 40 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then
   args=(); for kv in ${TIER_KERNELS:-}; do args+=(--kernel "$kv"); done
