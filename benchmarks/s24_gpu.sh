@@ -1,6 +1,7 @@
 # Session 24 device stages. Each stage runs under its own limit; 0 (the default) skips it.
 #   GEMV_S: benchmarks/s24_gemv_gpu.py (decode GEMVs: split kernel vs rows / no-split, fp8 M=1)
-#   MOE_S:  benchmarks/s24_moe_rows_gpu.py (the decode MoE layer: tensor-core vs rows experts)
+#   MOE_S:  benchmarks/s24_moe_rows_gpu.py (the decode MoE layer: tensor-core vs rows experts;
+#           needs the tree of f4288e7, where the rows experts exist)
 #   AB_S / AB_PAIRS / AB_MODEL / AB_OLD: serve_ab.py at B = 1, the shipped launches vs the
 #           session-23 ones (AB_OLD: the --set switches naming them), alternated AB_PAIRS times
 #   AB_SETS: further engines run once each after the pairs, "tag:--set a=b --set c=d|tag2:..."

@@ -1,5 +1,7 @@
 """Session 24 lab: the decode MoE layer's experts on the CUDA cores (triton_direct.rows_experts)
 against the tensor-core align-free kernels (issue 24's MoE T = 1 target, <= 21 us a layer).
+The rows form was 1.2-1.5x slower (s24_moe_rows.json) and was removed again: this script runs
+against commit f4288e7, where triton_direct.rows_experts / ROWS exist.
 
     python benchmarks/s24_moe_rows_gpu.py OUT_DIR
 

@@ -7,8 +7,6 @@ capture.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -183,51 +181,6 @@ def test_direct_experts_small(kernel_device, seed, t, dims, e, k, act, pattern, 
     assert_close(out, want, baseline=base)
 
 
-ROWS_SMALL = td.RowsTiles(2, 32, 4, 4, 16, 4)  # interpreter-sized rows tiles
-
-
-@settings(max_examples=6 if not GPU else 15)
-@given(seed=st.integers(0, 2**16), t=st.sampled_from([1, 2, 5]),
-       dims=st.sampled_from([(32, 16), (48, 40), (64, 48)]), e=st.sampled_from([3, 8]),
-       k=st.sampled_from([1, 2, 3, 4]), act=st.sampled_from(["silu", "gelu"]),
-       pattern=st.sampled_from(["random", "one_expert", "non_local"]),
-       small=st.booleans())
-def test_rows_experts_small(kernel_device, seed, t, dims, e, k, act, pattern, small):
-    """The CUDA-core rows form (gate + up rows per program; the down sums the k slots in one
-    program per (token, rows): the combine) vs float64: masked tails (H, I not multiples of
-    the tiles), ids past the local experts dropped; the default tiles too (BK capped at the
-    next power of two of H / I)."""
-    h, inter = dims
-    x, w13, w2, w, ids = _problem(t, h, inter, e, min(k, e), torch.float16, kernel_device,
-                                  seed, pattern)
-    out = td.rows_experts(x, w13, w2, w, ids, activation=act,
-                          tiles=ROWS_SMALL if small else None)
-    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
-                             ids.cpu(), activation=act)
-    base = ref.fused_experts(x.cpu().float(), w13.cpu().float(), w2.cpu().float(), w.cpu(),
-                             ids.cpu(), activation=act).to(x.dtype)
-    assert out.dtype == x.dtype and out.shape == x.shape
-    assert_close(out, want, baseline=base)
-
-
-def test_direct_path_takes_the_rows_form_when_set(kernel_device, monkeypatch):
-    """td.ROWS set (a dict of RowsTiles fields): direct_experts without explicit tiles runs
-    rows_experts with those tiles;
-    explicit tiles keep the tensor-core kernels."""
-    x, w13, w2, w, ids = _problem(2, 64, 32, 6, 2, torch.float16, kernel_device, 5)
-    calls = []
-    real = td.rows_experts
-    monkeypatch.setattr(td, "rows_experts",
-                        lambda *a, **kw: calls.append(kw["tiles"]) or real(*a, **kw))
-    monkeypatch.setattr(td, "ROWS", dataclasses.asdict(ROWS_SMALL))
-    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
-                             ids.cpu())
-    assert_close(td.direct_experts(x, w13, w2, w, ids), want)
-    assert calls == [ROWS_SMALL]
-    assert_close(td.direct_experts(x, w13, w2, w, ids, tiles=DIRECT_SMALL), want)
-    assert calls == [ROWS_SMALL]
-
-
 def test_public_op_takes_the_direct_path_at_decode_sizes(kernel_device, monkeypatch):
     """T <= MAX_TOKENS with 16-bit weights runs triton_direct (and gives the same answer as the
     aligned path within the dtype's tolerance)."""
@@ -254,14 +207,12 @@ def test_direct_experts_bf16_qwen3_shape(kernel_device, t, pattern):
                                   pattern)
     out = td.direct_experts(x, w13, w2, w, ids)
     tok = td.direct_experts(x, w13, w2, w, ids, tiles=td.TOKEN_DOWN)
-    rows = td.rows_experts(x, w13, w2, w, ids)
     cpu = [a.cpu() for a in (x, w13, w2, w, ids)]
     want = ref.fused_experts(cpu[0].double(), cpu[1].double(), cpu[2].double(), cpu[3], cpu[4])
     base = ref.fused_experts(cpu[0].float(), cpu[1].float(), cpu[2].float(), cpu[3],
                              cpu[4]).to(x.dtype)
     assert_close(out, want, baseline=base)
     assert_close(tok, want, baseline=base)
-    assert_close(rows, want, baseline=base)
     assert int(td._counters(x.device).abs().sum()) == 0  # re-armed by the last arrivals
 
 
@@ -295,8 +246,7 @@ def test_direct_path_replays_with_rearmed_counters(kernel_device):
 
 @pytest.mark.skipif(not GPU, reason="programmatic dependent launches need a GPU")
 @pytest.mark.parametrize("t", [1, 3, 8])
-@pytest.mark.parametrize("rows", [False, True])
-def test_direct_chained_equals_plain(kernel_device, t, rows, monkeypatch):
+def test_direct_chained_equals_plain(kernel_device, t, monkeypatch):
     """pdl.CHAIN "moe_routing" / "moe_direct" (routing, the gate-up and the slot down as
     programmatic dependents; the down reads its expert id before its wait): three layers back to
     back, each routed from its own input through its own router (so each layer's ids differ from
@@ -304,7 +254,6 @@ def test_direct_chained_equals_plain(kernel_device, t, rows, monkeypatch):
     plain launches' output bit for bit, eagerly and replayed in a CUDA graph on new inputs."""
     from tskernels.ops.shared import pdl
 
-    monkeypatch.setattr(td, "ROWS", {} if rows else None)
     x, w13, w2, _, _ = _problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t)
     gen = torch.Generator().manual_seed(t)
     routers = [(torch.randn(2048, 128, generator=gen) / 8).to(kernel_device) for _ in range(3)]

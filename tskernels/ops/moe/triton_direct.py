@@ -37,18 +37,6 @@ from .triton_gemm import _gelu_tanh
 
 
 @dataclass(frozen=True)
-class RowsTiles:
-    """The CUDA-core form (rows_gate_up_kernel / rows_down_kernel): BN weight rows per program
-    streamed in BK-wide tiles into fp32 [BN, BK] accumulators, no tensor-core padding."""
-    up_n: int = 4
-    up_k: int = 1024
-    up_warps: int = 4
-    down_n: int = 4
-    down_k: int = 256
-    down_warps: int = 4
-
-
-@dataclass(frozen=True)
 class DirectTiles:
     up_n: int = 32
     up_k: int = 128
@@ -62,9 +50,6 @@ class DirectTiles:
 
 
 DEFAULT = DirectTiles()
-# the rows form in place of DEFAULT for calls without explicit tiles: RowsTiles fields that
-# differ from its defaults ({} = RowsTiles()); None: off
-ROWS: dict | None = None
 TOKEN_DOWN = DirectTiles(down_n=16, down_k=256, down="token")
 CNT_ELEMS = 1 << 14  # arrival counters per device (T x H / BLOCK_N tiles)
 _cnt: dict[torch.device, torch.Tensor] = {}
@@ -199,111 +184,6 @@ def slot_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr
                  tl.sum(p, axis=0).to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-@triton.jit
-def rows_gate_up_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, E, I, H, stride_xt, stride_we,
-                        stride_wn, stride_as,
-                        TOP_K: tl.constexpr, GELU: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PDL: tl.constexpr = False):
-    """act[s, n-tile] = act(x[t] . W_gate[e][n-tile]) * (x[t] . W_up[e][n-tile]) for routing
-    slot s = t * k + j, e = topk_ids[s], on the CUDA cores: BN gate rows and their BN up rows
-    per program, [BN, BK] fp32 accumulators reduced once after the loop."""
-    if PDL:  # wait for the routing, then let the down launch
-        gdc_wait()
-        gdc_launch_dependents()
-    s = tl.program_id(0)
-    e = tl.load(ids_ptr + s).to(tl.int64)
-    if (e < 0) | (e >= E):
-        return
-    t = (s // TOP_K).to(tl.int64)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
-    n_ok = n < I
-    k = tl.arange(0, BK)
-    g_rows = w_ptr + e * stride_we + n.to(tl.int64)[:, None] * stride_wn
-    u_rows = g_rows + I * stride_wn
-    acc_g = tl.zeros((BN, BK), dtype=tl.float32)
-    acc_u = tl.zeros((BN, BK), dtype=tl.float32)
-    for kk in range(0, H, BK):
-        k_ok = k < H - kk
-        a = tl.load(x_ptr + t * stride_xt + kk + k, mask=k_ok, other=0.0,
-                    eviction_policy="evict_last").to(tl.float32)
-        wm = n_ok[:, None] & k_ok[None, :]
-        bg = tl.load(g_rows + kk + k[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        bu = tl.load(u_rows + kk + k[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        acc_g += bg.to(tl.float32) * a[None, :]
-        acc_u += bu.to(tl.float32) * a[None, :]
-    g = tl.sum(acc_g, axis=1)
-    u = tl.sum(acc_u, axis=1)
-    if GELU:
-        act = _gelu_tanh(g) * u
-    else:
-        act = g / (1.0 + tl.exp(-g)) * u
-    tl.store(act_ptr + s.to(tl.int64) * stride_as + n, act.to(act_ptr.dtype.element_ty),
-             mask=n_ok)
-
-
-@triton.jit
-def rows_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, out_ptr, E, H, I, stride_as, stride_we,
-                     stride_wn, stride_ot,
-                     TOP_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     PDL: tl.constexpr = False):
-    """out[t, n-tile] = sum_j topk_weights[t, j] * (act[t * k + j] . W2[e_j][n-tile]) on the
-    CUDA cores: one program per (token, BN hidden rows) loops over the k slots and I, the
-    slot weight folded into the activation; the combine is this sum (fixed slot order:
-    deterministic, no partials or counters). Ids outside [0, E) contribute nothing."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
-    t = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
-    n_ok = n < H
-    k = tl.arange(0, BK)
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    for j in range(TOP_K):
-        s = t * TOP_K + j
-        e = tl.load(ids_ptr + s).to(tl.int64)
-        ok = (e >= 0) & (e < E)
-        wt = tl.where(ok, tl.load(tw_ptr + s), 0.0)
-        w_rows = w_ptr + tl.where(ok, e, 0) * stride_we + n.to(tl.int64)[:, None] * stride_wn
-        for kk in range(0, I, BK):
-            k_ok = (k < I - kk) & ok
-            a = tl.load(act_ptr + s * stride_as + kk + k, mask=k_ok, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32) * wt
-            b = tl.load(w_rows + kk + k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                        other=0.0, eviction_policy="evict_first")
-            acc += b.to(tl.float32) * a[None, :]
-    tl.store(out_ptr + t * stride_ot + n, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty),
-             mask=n_ok)
-
-
-def rows_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                 activation: str = "silu", tiles: RowsTiles | None = None) -> torch.Tensor:
-    """direct_experts through the CUDA-core rows kernels (same arguments and result)."""
-    cfg = tiles or RowsTiles()
-    tokens, hidden = x.shape
-    num_experts, two_inter, _ = w13.shape
-    inter = two_inter // 2
-    top_k = topk_ids.shape[1]
-    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-    if tokens == 0:
-        return out
-    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-    tw = topk_weights.float().contiguous()
-    act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
-    chain = pdl.launch_args(x.device) if pdl.chained("moe_direct") else {}
-    up_k = min(cfg.up_k, max(64, triton.next_power_of_2(hidden)))
-    down_k = min(cfg.down_k, max(64, triton.next_power_of_2(inter)))
-    rows_gate_up_kernel[(tokens * top_k, triton.cdiv(inter, cfg.up_n))](
-        x, w13, ids, act, num_experts, inter, hidden, x.stride(0), w13.stride(0),
-        w13.stride(1), act.stride(0), TOP_K=top_k, GELU=activation == "gelu", BN=cfg.up_n,
-        BK=up_k, num_warps=cfg.up_warps, num_stages=1, **chain)
-    rows_down_kernel[(tokens, triton.cdiv(hidden, cfg.down_n))](
-        act, w2, ids, tw, out, num_experts, hidden, inter, act.stride(0), w2.stride(0),
-        w2.stride(1), out.stride(0), TOP_K=top_k, BN=cfg.down_n, BK=down_k,
-        num_warps=cfg.down_warps, num_stages=1, **chain)
-    return out
-
-
 def _counters(device: torch.device) -> torch.Tensor:
     """The device's arrival counters, zeroed once (allocated on first use, before any graph
     capture that uses them, as the serving warm-up does); the kernel re-zeroes what it used."""
@@ -318,9 +198,6 @@ def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                    activation: str = "silu", tiles: DirectTiles | None = None) -> torch.Tensor:
     """out [T, H] (x's dtype) = the fused-experts layer for bf16 / fp16 weights, contiguous
     x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights float32 [T, k], topk_ids [T, k]."""
-    if tiles is None and ROWS is not None:
-        return rows_experts(x, w13, w2, topk_weights, topk_ids, activation=activation,
-                            tiles=RowsTiles(**ROWS))
     cfg = tiles or DEFAULT
     tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
