@@ -1,5 +1,9 @@
 # Session 24 device stages. Each stage runs under its own limit; 0 (the default) skips it.
 #   GEMV_S: benchmarks/s24_gemv_gpu.py (decode GEMVs: split kernel vs rows / no-split, fp8 M=1)
+#   BENCH_S: tskernels-bench gemm.gemv --graph (its shapes, cuBLAS beside it, the roofline)
+#   TEST_S / TESTS: a pytest -m gpu run over TESTS
+#   HEUR_S: benchmarks/s24_heuristics_gpu.py (gemm.mm big vs small tile at M 160-512, rmsnorm
+#           warps x rows for short rows)
 #   MOE_S:  benchmarks/s24_moe_rows_gpu.py (the decode MoE layer: tensor-core vs rows experts;
 #           needs the tree of f4288e7, where the rows experts exist)
 #   AB_S / AB_PAIRS / AB_MODEL / AB_OLD: serve_ab.py at B = 1, the shipped launches vs the
@@ -9,6 +13,10 @@
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs -> s24_gpu_tier.json
 #   EXT_S: autotune's extend tuning runner at N = 16384 (its row-block float64 reference)
 source benchmarks/gpu_setup.sh
+stage bench "${BENCH_S:-0}" tskernels-bench gemm.gemv --graph --json "$OUT/s24_bench_gemv.json"
+TAIL=30 stage tests "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
+    -p no:cacheprovider -n 4 --timeout 200 ${TESTS:-tests/kernels}
+TAIL=40 stage heur "${HEUR_S:-0}" python benchmarks/s24_heuristics_gpu.py "$OUT"
 stage moe "${MOE_S:-0}" python benchmarks/s24_moe_rows_gpu.py "$OUT"
 stage gemv "${GEMV_S:-0}" python benchmarks/s24_gemv_gpu.py "$OUT" $(( ${GEMV_S:-0} - 40 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then

@@ -99,13 +99,26 @@ def test_mla_heuristic_is_plan_choice(H, kv):
     assert ext.bucket(pe) == {"H": H, "kv": kv, "B": 64, "L": 4096, "T": 512}
 
 
+def test_mm_heuristic_keeps_enough_tiles():
+    """Above M = 128 the bf16 table's 128 x 256 tile is taken only where it makes at least
+    BIG_TILE_MIN_TILES tiles; otherwise the 64 x 128 row."""
+    from tskernels.ops.gemm import triton_mm
+    small, big = triton_mm.MM_CONFIGS[0][1], triton_mm.MM_CONFIGS[-1][1]
+    assert triton_mm.BIG_TILE_MIN_TILES == 64
+    assert triton_mm.mm_heuristic(100, 8192) == small  # M <= 128: the table's first row
+    assert triton_mm.mm_heuristic(256, 4096) == small  # 2 x 16 = 32 big tiles
+    assert triton_mm.mm_heuristic(512, 4096) == big    # 4 x 16 = 64
+    assert triton_mm.mm_heuristic(256, 8192) == big    # 2 x 32 = 64
+    assert triton_mm.mm_heuristic(4096, 4096) == big
+
+
 def test_gemm_heuristics_are_the_kernel_tables():
     from tskernels.ops.gemm import triton_gemv, triton_mm
     mm, gemv = spaces()["gemm.mm.triton"], spaces()["gemm.gemv.triton"]
     f8, f8s = spaces()["gemm.fp8_block_mm.triton"], spaces()["gemm.fp8_stream.triton"]
     for m in (17, 128, 129, 4096, 16384):
         p = {"M": m, "N": 4096, "K": 4096, "dtype": "bf16"}
-        assert mm.heuristic(p) == triton_mm.pick(triton_mm.MM_CONFIGS, m)
+        assert mm.heuristic(p) == triton_mm.mm_heuristic(m, 4096)
         assert mm.heuristic(p) in mm.candidates(p, SM90)[0]
         assert f8.heuristic(p) == triton_mm.pick(triton_mm.FP8_CONFIGS, m)
         assert f8.heuristic(p) in f8.candidates(p, SM90)[0]

@@ -89,3 +89,17 @@ def test_chained_launches_match_the_reference(kernel_device, monkeypatch):
     assert_close(r_out, x.double() + r.double(), baseline=x + r, name="residual")
     assert_close(y, ref.rmsnorm((x + r).double(), w.double()),
                  baseline=ref.fused_add_rmsnorm(x, r, w)[0], name="y")
+
+
+def test_short_row_heuristic_keeps_enough_programs():
+    """Rows of <= 256 columns: several rows per program only while n_rows / rows stays at or
+    above SHORT_ROW_MIN_PROGRAMS (H200: 1024 rows fastest at 1 per program, 8192 at 4, 262144
+    at 8); wider rows keep the table (a few KB per program)."""
+    from tskernels.ops.norm.triton import SHORT_ROW_MIN_PROGRAMS, _launch_params
+    assert SHORT_ROW_MIN_PROGRAMS == 2048
+    assert _launch_params(128, 1024) == (128, 1, 1)
+    assert _launch_params(64, 8192) == (64, 1, 4)
+    assert _launch_params(256, 262144) == (256, 1, 8)
+    assert _launch_params(256, 100) == (256, 1, 1)
+    assert _launch_params(512, 1024) == (512, 2, 4)
+    assert _launch_params(4096, 1 << 20) == (4096, 16, 1)

@@ -141,7 +141,7 @@ MM = declare(KernelSpace(
     Space(BM=[64, 128], BN=[64, 128, 256], BK=[32, 64, 128], GROUP_M=[8],
           num_stages=[2, 3, 4, 5], num_warps=[4, 8]),
     key=lambda p: _key(p, pow2_bucket),
-    heuristic=lambda p: _mm().pick(_mm().MM_CONFIGS, p["M"]),
+    heuristic=lambda p: _mm().mm_heuristic(p["M"], p["N"]),
     prune=lambda cfg, p, t: _tile_prune(cfg, p, t, 2),
     arch_knobs=_CDNA_KNOBS, arch_defaults=_CDNA_DEFAULTS,
     source=lambda: jit_source(_mm()._mm_kernel), runner=_mm_runner, parse=tuning.parse_shape,

@@ -122,6 +122,24 @@ def pick(table, m: int) -> dict:
     raise AssertionError("config table needs a catch-all row")
 
 
+# the bf16 table's 128 x 256 tile (M > 128) only where it still makes this many tiles; fewer
+# leave most SMs idle, and the 64 x 128 row is taken instead. H200, K = 4096
+# (benchmarks/results/h200/s23_lookup_ab.json): M = 256, N = 4096 (32 big tiles) 44.0 us
+# against 25.4 with 64 x 128; M = 512, N = 4096 (64) 44.5 vs 45.2; M = 512, N = 8192 (128)
+# 49.2 vs 85.3.
+BIG_TILE_MIN_TILES = 64
+
+
+def mm_heuristic(m: int, n: int) -> dict:
+    """The bf16 / fp16 persistent kernel's own config for an M x N output (NVIDIA table)."""
+    cfg = pick(MM_CONFIGS, m)
+    small = MM_CONFIGS[0][1]
+    if cfg != small and triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"]) < \
+            BIG_TILE_MIN_TILES:
+        return dict(small)
+    return cfg
+
+
 @triton.jit
 def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M tile rows advance together along N."""

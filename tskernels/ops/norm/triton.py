@@ -61,12 +61,22 @@ def _rmsnorm_chained_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, n_rows, N
                     y_stride, res_out_stride, eps, HAS_RES, BLOCK, ROWS)
 
 
+# rows of at most 256 columns: several per program only while the grid keeps this many programs.
+# H200 (benchmarks/results/h200/s24_heuristics.json, bf16, N = 64 / 128 / 256): 1024 rows
+# fastest at 1 row per program (1.65-1.67 us; 8 rows: 5.0-5.7), 8192 rows at 4 (4.2-5.0; 8:
+# 5.6-7.0), 262144 rows at 8 (44-74 us; 4: 80-82)
+SHORT_ROW_MIN_PROGRAMS = 2048
+
+
 def _launch_params(N: int, n_rows: int) -> tuple[int, int, int]:
     """The heuristic: one warp per 256 columns (up to 16), several short rows per program."""
     block = triton.next_power_of_2(N)
     num_warps = max(1, min(16, block // 256))
     # Small rows: several per program so each program still moves a few KB.
     rows = max(1, min(8, 2048 // block)) if n_rows >= 1024 else 1
+    if block <= 256:
+        while rows > 1 and n_rows // rows < SHORT_ROW_MIN_PROGRAMS:
+            rows //= 2
     return block, num_warps, rows
 
 
