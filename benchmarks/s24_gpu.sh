@@ -4,6 +4,7 @@
 #   TEST_S / TESTS: a pytest -m gpu run over TESTS
 #   HEUR_S: benchmarks/s24_heuristics_gpu.py (gemm.mm big vs small tile at M 160-512, rmsnorm
 #           warps x rows for short rows)
+#   AGENTIC_S: benchmarks/agentic_engine_bench.py (issue 20: later-turn TTFT, B=1 ITL at ~54k)
 #   MOE_S:  benchmarks/s24_moe_rows_gpu.py (the decode MoE layer: tensor-core vs rows experts;
 #           needs the tree of f4288e7, where the rows experts exist)
 #   AB_S / AB_PAIRS / AB_MODEL / AB_OLD: serve_ab.py at B = 1, the shipped launches vs the
@@ -17,6 +18,9 @@ stage bench "${BENCH_S:-0}" tskernels-bench gemm.gemv --graph --json "$OUT/s24_b
 TAIL=30 stage tests "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
     -p no:cacheprovider -n 4 --timeout 200 ${TESTS:-tests/kernels}
 TAIL=40 stage heur "${HEUR_S:-0}" python benchmarks/s24_heuristics_gpu.py "$OUT"
+stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
+    --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \
+    --gap-steps 30 --json "$OUT/s24_agentic_engine.json"
 stage moe "${MOE_S:-0}" python benchmarks/s24_moe_rows_gpu.py "$OUT"
 stage gemv "${GEMV_S:-0}" python benchmarks/s24_gemv_gpu.py "$OUT" $(( ${GEMV_S:-0} - 40 ))
 if [ "${TIER_S:-0}" -gt 0 ]; then
