@@ -1,7 +1,7 @@
 """Session 24 lab: decode GEMVs without split-K (issue 24's gemv target, >= 3.6 TB/s on the
 Llama-3-8B projections, and the B = 1 step).
 
-    python benchmarks/s24_gemv_gpu.py OUT_DIR [SECONDS]
+    python benchmarks/s24_gemv_gpu.py OUT_DIR [SECONDS [few]]
 
 For each Llama-3-8B projection at M = 1 (and M = 16 for the tensor-core form), side by side in
 one process: the shipped split-K streaming kernel (PDL + L2 prefetch), cuBLAS (torch.mm), the
@@ -67,18 +67,21 @@ def _check(fn, d) -> float:
     return err
 
 
+# "few" (third argument): M = 1 / 2 / 4, the rows kernel at 2-4 rows over these configs
+FEW = [dict(BN=bn, BK=bk, num_warps=4) for bn in (2, 4) for bk in (256, 512, 1024)] + \
+    [dict(BN=4, BK=1024, num_warps=8), dict(BN=8, BK=512, num_warps=8)]
 SWEEP = False  # True: call 1's full sweep (rows and narrow tensor-core tiles)
 
 
 def _old(fn):
     """fn with the session-23 launches: the split kernel at every M <= 16."""
     def run(d):
-        keep = tg.ROWS_M1
-        tg.ROWS_M1 = None
+        keep = tg.ROWS_M1, tg.ROWS_FEW
+        tg.ROWS_M1, tg.ROWS_FEW = None, {}
         try:
             return fn(d)
         finally:
-            tg.ROWS_M1 = keep
+            tg.ROWS_M1, tg.ROWS_FEW = keep
     return run
 
 
@@ -108,7 +111,8 @@ def main() -> None:
     print(f"copy roofline {roof / 1e3:.2f} TB/s", flush=True)
     res = {"command": "python " + " ".join(sys.argv), "copy_roofline_GBps": round(roof, 1),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
-    for m in (1, 16):
+    few = len(sys.argv) > 3 and sys.argv[3] == "few"
+    for m in ((1, 2, 4) if few else (1, 16)):
         for n, k in SHAPES:
             if time.time() - t0 > budget:
                 print("budget spent", flush=True)
@@ -118,7 +122,10 @@ def main() -> None:
             variants = {"shipped": lambda d: tg.stream_mm(d["a"], d["b"], d["o"]),
                         "old": _old(lambda d: tg.stream_mm(d["a"], d["b"], d["o"])),
                         "cublas": lambda d: torch.mm(d["a"], d["b"].t(), out=d["o"])}
-            if m == 1:
+            if 2 <= m <= tg.ROWS_MAX_M:  # M = 2-4: the rows kernel's per-row accumulators
+                for c in FEW:
+                    variants[f"rows_{c['BN']}x{c['BK']}w{c['num_warps']}"] = rows(c)
+            if m == 1 and not few:
                 for c in (ROWS if SWEEP else ROWS_SHORT):
                     variants[f"rows_{c['BN']}x{c['BK']}w{c['num_warps']}"] = rows(c)
                     if not SWEEP:
@@ -155,7 +162,7 @@ def main() -> None:
                   flush=True)
             del sets
             torch.cuda.empty_cache()
-    (out_dir / "s24_gemv.json").write_text(json.dumps(res, indent=1))
+    (out_dir / ("s24_gemv_few.json" if few else "s24_gemv.json")).write_text(json.dumps(res, indent=1))
     print("\nM  shape        floor  old / shipped / cublas  best (TB/s)")
     for r in res["rows"]:
         best = min(r["us"], key=r["us"].get)

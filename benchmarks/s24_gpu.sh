@@ -1,5 +1,6 @@
 # Session 24 device stages. Each stage runs under its own limit; 0 (the default) skips it.
-#   GEMV_S: benchmarks/s24_gemv_gpu.py (decode GEMVs: split kernel vs rows / no-split, fp8 M=1)
+#   GEMV_S: benchmarks/s24_gemv_gpu.py (GEMV_MODE=few: M = 1 / 2 / 4 with the rows kernel's
+#           2-4 row form) (decode GEMVs: split kernel vs rows / no-split, fp8 M=1)
 #   BENCH_S: tskernels-bench gemm.gemv --graph (its shapes, cuBLAS beside it, the roofline)
 #   TEST_S / TESTS: a pytest -m gpu run over TESTS
 #   HEUR_S: benchmarks/s24_heuristics_gpu.py (gemm.mm big vs small tile at M 160-512, rmsnorm
@@ -22,7 +23,30 @@ stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
     --model dummy:benchmarks/configs/llama-3-8b-64k.json --later-turns 5 --gap-modes lookahead \
     --gap-steps 30 --json "$OUT/s24_agentic_engine.json"
 stage moe "${MOE_S:-0}" python benchmarks/s24_moe_rows_gpu.py "$OUT"
-stage gemv "${GEMV_S:-0}" python benchmarks/s24_gemv_gpu.py "$OUT" $(( ${GEMV_S:-0} - 40 ))
+stage gemv "${GEMV_S:-0}" python benchmarks/s24_gemv_gpu.py "$OUT" $(( ${GEMV_S:-0} - 40 )) \
+    ${GEMV_MODE:-}
+# FEW_AB=1: after a GEMV_MODE=few run, the rows configs with the least summed time at M = 2
+# and at M = 4 become a ROWS_FEW literal, and serving at B = FEW_BATCH (default 4) is timed
+# with it (AB_SETS "few") against the split kernel (the pair's "new" is the shipped tree)
+if [ "${FEW_AB:-0}" = 1 ] && [ -f "$OUT/s24_gemv_few.json" ]; then
+  FEW_LIT=$(python - "$OUT/s24_gemv_few.json" <<'PY'
+import json, re, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+out = {}
+for m in (2, 4):
+    rs = [r for r in rows if r["M"] == m]
+    names = set.intersection(*(set(v for v in r["us"] if v.startswith("rows_")) for r in rs))
+    best = min(names, key=lambda v: sum(r["us"][v] for r in rs))
+    if sum(r["us"][best] for r in rs) < sum(r["us"]["shipped"] for r in rs):
+        bn, bk, w = re.fullmatch(r"rows_(\d+)x(\d+)w(\d+)", best).groups()
+        out[m] = dict(BN=int(bn), BK=int(bk), num_warps=int(w))
+print(repr(out).replace(" ", ""))
+PY
+)
+  echo "ROWS_FEW literal: $FEW_LIT"
+  AB_SETS="few:--set tskernels.ops.gemm.triton_gemv.ROWS_FEW=$FEW_LIT"
+  AB_BATCH=${FEW_BATCH:-4}
+fi
 if [ "${TIER_S:-0}" -gt 0 ]; then
   args=(); for kv in ${TIER_KERNELS:-}; do args+=(--kernel "$kv"); done
   stage tier "$TIER_S" env HYPOTHESIS_PROFILE=ci python benchmarks/gpu_tier.py \
