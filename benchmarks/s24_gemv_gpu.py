@@ -67,7 +67,9 @@ def _check(fn, d) -> float:
     return err
 
 
-# "few" (third argument): M = 1 / 2 / 4, the rows kernel at 2-4 rows over these configs
+# "few" (third argument): M = 1 / 2 / 4, the rows kernel at 2-4 rows over these configs (needs
+# the tree of commit e07478f, where _rows_kernel takes 2-4 rows and triton_gemv.ROWS_FEW exists;
+# measured slower than the split kernel and removed again: s24_gemv_few.json)
 FEW = [dict(BN=bn, BK=bk, num_warps=4) for bn in (2, 4) for bk in (256, 512, 1024)] + \
     [dict(BN=4, BK=1024, num_warps=8), dict(BN=8, BK=512, num_warps=8)]
 SWEEP = False  # True: call 1's full sweep (rows and narrow tensor-core tiles)
@@ -76,12 +78,16 @@ SWEEP = False  # True: call 1's full sweep (rows and narrow tensor-core tiles)
 def _old(fn):
     """fn with the session-23 launches: the split kernel at every M <= 16."""
     def run(d):
-        keep = tg.ROWS_M1, tg.ROWS_FEW
-        tg.ROWS_M1, tg.ROWS_FEW = None, {}
+        keep = tg.ROWS_M1, getattr(tg, "ROWS_FEW", None)
+        tg.ROWS_M1 = None
+        if keep[1] is not None:
+            tg.ROWS_FEW = {}
         try:
             return fn(d)
         finally:
-            tg.ROWS_M1, tg.ROWS_FEW = keep
+            tg.ROWS_M1 = keep[0]
+            if keep[1] is not None:
+                tg.ROWS_FEW = keep[1]
     return run
 
 
@@ -122,7 +128,7 @@ def main() -> None:
             variants = {"shipped": lambda d: tg.stream_mm(d["a"], d["b"], d["o"]),
                         "old": _old(lambda d: tg.stream_mm(d["a"], d["b"], d["o"])),
                         "cublas": lambda d: torch.mm(d["a"], d["b"].t(), out=d["o"])}
-            if 2 <= m <= tg.ROWS_MAX_M:  # M = 2-4: the rows kernel's per-row accumulators
+            if m in (2, 4):  # M = 2-4: the rows kernel's per-row accumulators
                 for c in FEW:
                     variants[f"rows_{c['BN']}x{c['BK']}w{c['num_warps']}"] = rows(c)
             if m == 1 and not few:

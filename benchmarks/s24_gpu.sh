@@ -25,7 +25,7 @@ stage agentic "${AGENTIC_S:-0}" python benchmarks/agentic_engine_bench.py \
 stage moe "${MOE_S:-0}" python benchmarks/s24_moe_rows_gpu.py "$OUT"
 stage gemv "${GEMV_S:-0}" python benchmarks/s24_gemv_gpu.py "$OUT" $(( ${GEMV_S:-0} - 40 )) \
     ${GEMV_MODE:-}
-# FEW_AB=1: after a GEMV_MODE=few run, the rows configs with the least summed time at M = 2
+# FEW_AB=1 (tree of e07478f, see s24_gemv_gpu.py): after a GEMV_MODE=few run, the rows configs with the least summed time at M = 2
 # and at M = 4 become a ROWS_FEW literal, and serving at B = FEW_BATCH (default 4) is timed
 # with it (AB_SETS "few") against the split kernel (the pair's "new" is the shipped tree)
 if [ "${FEW_AB:-0}" = 1 ] && [ -f "$OUT/s24_gemv_few.json" ]; then

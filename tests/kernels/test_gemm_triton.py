@@ -320,18 +320,17 @@ def test_decode_layer_chained_with_prefetch_under_graph_replay(monkeypatch):
 
 
 @settings(max_examples=10 if not ON_GPU else 24, deadline=None)
-@given(m=st.integers(1, 4), n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K),
-       bn=st.sampled_from([2, 4, 8]), bk=st.sampled_from([64, 256, 2048]),
-       residual=st.booleans(), out_dtype=st.sampled_from([torch.float16, torch.float32]),
+@given(n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K), bn=st.sampled_from([2, 4, 8]),
+       bk=st.sampled_from([64, 256, 2048]), residual=st.booleans(),
+       out_dtype=st.sampled_from([torch.float16, torch.float32]),
        seed=st.integers(0, 2**31 - 1))
-def test_gemv_rows_kernel(kernel_device, m, n, k, bn, bk, residual, out_dtype, seed):
-    """The CUDA-core rows kernel (1-4 activation rows, whole weight rows per program, no split)
-    for any N, K (K not a multiple of BK: masked tail; BK above K: capped), residual or not,
-    into a NaN-poisoned output; on sm_90+ a PDL launch with one tile prefetched before its
-    wait."""
-    a, b = _operands(m, n, k, torch.float16, kernel_device, seed)
-    r = torch.randn(m, n).to(kernel_device, torch.float16) if residual else None
-    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=kernel_device)
+def test_gemv_rows_kernel(kernel_device, n, k, bn, bk, residual, out_dtype, seed):
+    """The CUDA-core rows kernel (M = 1, whole rows per program, no split) for any N, K (K not
+    a multiple of BK: masked tail; BK above K: capped), residual or not, into a NaN-poisoned
+    output; on sm_90+ a PDL launch with one tile prefetched before its wait."""
+    a, b = _operands(1, n, k, torch.float16, kernel_device, seed)
+    r = torch.randn(1, n).to(kernel_device, torch.float16) if residual else None
+    out = torch.full((1, n), float("nan"), dtype=out_dtype, device=kernel_device)
     triton_gemv.rows_mm(a, b, out, residual=r,
                         config=dict(BN=bn, BK=bk, num_warps=4, PREFETCH=1))
     want = ref.gemv(a.double(), b.double(), residual=None if r is None else r.double())
@@ -341,8 +340,7 @@ def test_gemv_rows_kernel(kernel_device, m, n, k, bn, bk, residual, out_dtype, s
 
 def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
     """M = 1 16-bit calls go to the rows kernel (ROWS_M1, or ROWS_SHAPE_CONFIGS's config for
-    their (N, K)) unless the switch is off; M = 2-4 only with a ROWS_FEW entry for their padded
-    row count; every path gives the product."""
+    their (N, K)) unless the switch is off; M = 2 does not; every path gives the product."""
     calls = []
     real = triton_gemv.rows_mm
     monkeypatch.setattr(triton_gemv, "rows_mm",
@@ -351,7 +349,6 @@ def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
     monkeypatch.setattr(triton_gemv, "ROWS_SHAPE_CONFIGS", {(70, 300): shape_cfg})
     a, b = _operands(2, 70, 300, torch.float16, kernel_device, 9)
     want = ref.mm(a.double(), b.double())
-    few = {4: dict(BN=2, BK=128, num_warps=4)}
     for m, w, switch, got in ((1, b, triton_gemv.ROWS_M1, [shape_cfg]),
                               (1, b[:69], triton_gemv.ROWS_M1, [triton_gemv.ROWS_M1]),
                               (2, b, triton_gemv.ROWS_M1, []), (1, b, None, [])):
@@ -360,16 +357,4 @@ def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
         c = tskernels.gemm.gemv(a[:m], w, backend="triton")
         assert calls == got
         assert_close(c, want[:m, :w.shape[0]], baseline=ref.mm(a[:m], w), name="gemv dispatch")
-    # 3-4 rows take ROWS_FEW's config for 4 padded rows (not the shape table); 2 rows, without
-    # an entry, and 5 rows, past ROWS_MAX_M, keep the split kernel
-    monkeypatch.setattr(triton_gemv, "ROWS_FEW", few)
-    a, b = _operands(5, 70, 300, torch.float16, kernel_device, 10)
-    want = ref.mm(a.double(), b.double())
-    for m, got in ((3, [few[4]]), (4, [few[4]]), (2, []), (5, [])):
-        calls.clear()
-        c = tskernels.gemm.gemv(a[:m], b, backend="triton")
-        assert calls == got
-        assert_close(c, want[:m], baseline=ref.mm(a[:m], b), name="gemv dispatch")
-    with pytest.raises(ValueError, match="1..4 rows"):
-        triton_gemv.rows_mm(a, b, torch.empty(5, 70, device=kernel_device), config=few[4])
     _workspace_clean(kernel_device)

@@ -148,42 +148,19 @@ def _stream_early_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs
 
 
 @triton.jit
-def _rows_x(x_ptr, offs_k, K, row_ok, EVEN_K: tl.constexpr):
-    """One activation row's BK-wide tile in fp32 (zeros past K, or everywhere when not row_ok;
-    row_ok None: the row exists)."""
-    if EVEN_K and row_ok is None:
-        x = tl.load(x_ptr + offs_k, eviction_policy="evict_last")
-    elif row_ok is None:
-        x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0, eviction_policy="evict_last")
-    else:
-        x = tl.load(x_ptr + offs_k, mask=(offs_k < K) & row_ok, other=0.0,
-                    eviction_policy="evict_last")
-    return x.to(tl.float32)
-
-
-@triton.jit
-def _rows_out(acc, c_ptr, r_ptr, offs_n, mask, HAS_RES: tl.constexpr):
-    c = tl.sum(acc, axis=1)
-    if HAS_RES:
-        c += tl.load(r_ptr + offs_n, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + offs_n, c.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, M, stride_x, stride_c, stride_r,
+def _rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w,
                  BN: tl.constexpr, BK: tl.constexpr, HAS_RES: tl.constexpr,
-                 EVEN_K: tl.constexpr, MP: tl.constexpr = 1, PDL: tl.constexpr = False,
-                 PREFETCH: tl.constexpr = 0):
-    """c[:M, n-tile] = x[:M] @ w[n-tile].T (+ r) for M <= MP <= 4 activation rows, on the CUDA
-    cores (x, c and r with unit stride along K / N; 16-bit weights).
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+    """c[0, n-tile] = w[n-tile] . x[0] (+ r) for one activation row, on the CUDA cores (x, c
+    and r contiguous; 16-bit weights).
 
     No tensor-core tile and no split: each program owns BN whole weight rows and streams them
-    in BK-wide tiles into one [BN, BK] fp32 accumulator per activation row, reduced once at
-    the end, so nothing follows the loads but the reductions (no partials, atomics or arrival
-    counters). Small programs make a grid of many, which the block scheduler balances over
-    the SMs as they finish. PDL: a programmatic dependent launch (sm_90+) that lets its
-    dependents launch at once, asks L2 for its first PREFETCH weight tiles, then waits for the
-    previous kernel before it loads x or the residual or writes c."""
+    in BK-wide tiles into a [BN, BK] fp32 accumulator, reduced once at the end, so nothing
+    follows the loads but one reduction (no partials, atomics or arrival counters). Small
+    programs make a grid of many, which the block scheduler balances over the SMs as they
+    finish. PDL: a programmatic dependent launch (sm_90+) that lets its dependents launch at
+    once, asks L2 for its first PREFETCH weight tiles, then waits for the previous kernel
+    before it loads x or the residual or writes c."""
     pid = tl.program_id(0)
     offs_n = pid * BN + tl.arange(0, BN)
     n_mask = offs_n < N
@@ -195,33 +172,23 @@ def _rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, M, stride_x, stride
             cols = tl.arange(0, PREFETCH * BK // LINE) * LINE
             prefetch_l2(w_rows + cols[None, :], n_mask[:, None] & (cols < K)[None, :])
         gdc_wait()
-    acc0 = tl.zeros((BN, BK), dtype=tl.float32)
-    acc1 = tl.zeros((BN, BK), dtype=tl.float32)
-    acc2 = tl.zeros((BN, BK), dtype=tl.float32)
-    acc3 = tl.zeros((BN, BK), dtype=tl.float32)
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
     for k in range(0, K, BK):
         offs_k = k + tl.arange(0, BK)
         if EVEN_K:
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0,
                         eviction_policy="evict_first")
+            x = tl.load(x_ptr + offs_k, eviction_policy="evict_last")
         else:
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :],
+            k_mask = offs_k < K
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                         other=0.0, eviction_policy="evict_first")
-        w = w.to(tl.float32)
-        acc0 += w * _rows_x(x_ptr, offs_k, K, None, EVEN_K)[None, :]
-        if MP > 1:
-            acc1 += w * _rows_x(x_ptr + stride_x, offs_k, K, 1 < M, EVEN_K)[None, :]
-        if MP > 2:
-            acc2 += w * _rows_x(x_ptr + 2 * stride_x, offs_k, K, 2 < M, EVEN_K)[None, :]
-            acc3 += w * _rows_x(x_ptr + 3 * stride_x, offs_k, K, 3 < M, EVEN_K)[None, :]
-    _rows_out(acc0, c_ptr, r_ptr, offs_n, n_mask, HAS_RES)
-    if MP > 1:
-        _rows_out(acc1, c_ptr + stride_c, r_ptr + stride_r, offs_n, n_mask & (1 < M), HAS_RES)
-    if MP > 2:
-        _rows_out(acc2, c_ptr + 2 * stride_c, r_ptr + 2 * stride_r, offs_n, n_mask & (2 < M),
-                  HAS_RES)
-        _rows_out(acc3, c_ptr + 3 * stride_c, r_ptr + 3 * stride_r, offs_n, n_mask & (3 < M),
-                  HAS_RES)
+            x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0, eviction_policy="evict_last")
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    c = tl.sum(acc, axis=1)
+    if HAS_RES:
+        c += tl.load(r_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + offs_n, c.to(c_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -299,10 +266,6 @@ SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {
 # shapes and 1.2-1.6x slower on the 38 / 117 MB ones.
 ROWS_M1: dict | None = dict(BN=4, BK=2048, num_warps=4)
 ROWS_SHAPE_CONFIGS: dict[tuple[int, int], dict] = {}
-# 2 / 3-4 activation rows through the same kernel (one fp32 accumulator per row): config per
-# padded row count; a count missing here keeps the split kernel. Empty until timed.
-ROWS_MAX_M = 4
-ROWS_FEW: dict[int, dict] = {}
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
@@ -370,11 +333,10 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     m, k = x.shape
     n = w.shape[0]
     fp8 = x_scale is not None
-    rows = (ROWS_M1 if m == 1 else ROWS_FEW.get(triton.next_power_of_2(m))) \
-        if m <= ROWS_MAX_M else None
-    if rows is not None and not fp8 and config is None and _tune.cdna_arch(x.device) is None:
+    if m == 1 and not fp8 and config is None and ROWS_M1 is not None and \
+            _tune.cdna_arch(x.device) is None:
         return rows_mm(x, w, out, residual=residual,
-                       config=ROWS_SHAPE_CONFIGS.get((n, k), rows) if m == 1 else rows)
+                       config=ROWS_SHAPE_CONFIGS.get((n, k), ROWS_M1))
     cfg, split, k_split = plan(m, n, k, fp8, x.device, config)
     if fp8 and (cfg["BK"] != block or block % cfg["BN"]):
         raise ValueError(f"block: the fp8 streaming kernel needs block == BK ({cfg['BK']}) "
@@ -404,22 +366,17 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
 
 def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             residual: torch.Tensor | None = None, config: dict) -> torch.Tensor:
-    """out[:M] = x @ w.T (+ residual) through _rows_kernel for M <= ROWS_MAX_M: x [M, K], w [N, K]
-    16-bit with unit K stride, out / residual [M, N] with unit N stride. BK is capped at K's
-    next power of two (at least 64)."""
-    m = x.shape[0]
+    """out[0] = x[0] @ w.T (+ residual) through _rows_kernel: x [1, K], w [N, K] 16-bit with
+    unit K stride, out / residual [1, N] with unit N stride. BK is capped at K's next power of
+    two (at least 64)."""
     n, k = w.shape
-    if not 1 <= m <= ROWS_MAX_M:
-        raise ValueError(f"x: the rows kernel takes 1..{ROWS_MAX_M} rows, got {m}")
     bn = config["BN"]
     bk = min(config["BK"], max(64, triton.next_power_of_2(k)))
     pdl = _pdl(x.device)
     prefetch = config.get("PREFETCH", 0) if pdl else 0
-    r = residual if residual is not None else out
     _rows_kernel[(triton.cdiv(n, bn),)](
-        w, x, out, r, n, k, w.stride(0), m, x.stride(0), out.stride(0), r.stride(0),
-        BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0,
-        MP=triton.next_power_of_2(m), PDL=pdl,
+        w, x, out, residual if residual is not None else out, n, k, w.stride(0),
+        BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0, PDL=pdl,
         PREFETCH=triton.next_power_of_2(prefetch) if prefetch else 0,
         num_warps=config["num_warps"], num_stages=1, **({"launch_pdl": True} if pdl else {}))
     return out
@@ -446,21 +403,16 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
     rows = []
     if not fp8:  # the M = 1 rows kernel: plain, and the PDL launch that prefetches first
         rsig = {"w_ptr": wt, "x_ptr": wt, "c_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
-                "K": "i32", "stride_w": "i32", "M": "i32", "stride_x": "i32",
-                "stride_c": "i32", "stride_r": "i32"}
+                "K": "i32", "stride_w": "i32"}
         rcfg = ROWS_M1 or dict(BN=4, BK=2048, num_warps=4)
         rows.append(CompileCase(_rows_kernel, rsig, dict(BN=rcfg["BN"], BK=rcfg["BK"],
-                                                         HAS_RES=True, EVEN_K=True, MP=1),
+                                                         HAS_RES=True, EVEN_K=True),
                                 num_warps=rcfg["num_warps"], num_stages=1,
-                                aligned=("K", "stride_w", "stride_x", "stride_c", "stride_r"),
-                                targets=_NVIDIA_TARGETS, label="rows bf16 +res M=1"))
+                                aligned=("K", "stride_w"), targets=_NVIDIA_TARGETS,
+                                label="rows bf16 +res M=1"))
         rows.append(dataclasses.replace(rows[0], constexprs=dict(rows[0].constexprs, PDL=True,
                                                                  PREFETCH=1),
                                         targets=_PDL_TARGETS, label="rows bf16 +res M=1 pdl"))
-        # 3-4 rows: one accumulator per row on a narrower K tile
-        rows.append(dataclasses.replace(rows[1], constexprs=dict(rows[1].constexprs, MP=4,
-                                                                 BK=512, PREFETCH=0),
-                                        label="rows bf16 +res M<=4 pdl"))
     if not fp8:  # as launched on sm_90+ CUDA: a programmatic dependent launch (griddepcontrol)
         base = cases[-1]
         cases.append(CompileCase(_stream_kernel, sig, dict(base.constexprs, PDL=True),
