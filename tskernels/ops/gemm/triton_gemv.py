@@ -264,7 +264,8 @@ SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {
 # (B = 1 Llama-3-8B decode 4.10 -> 3.91 ms/step). fp8 weights stay on the split kernel: the
 # rows form with the block scales folded into x was 2 % faster on the 15 MB DeepSeek-V3
 # shapes and 1.2-1.6x slower on the 38 / 117 MB ones.
-ROWS_M1: dict | None = dict(BN=4, BK=2048, num_warps=4)
+ROWS_DEFAULT = dict(BN=4, BK=2048, num_warps=4)
+ROWS_M1: dict | None = dict(ROWS_DEFAULT)
 ROWS_SHAPE_CONFIGS: dict[tuple[int, int], dict] = {}
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -400,19 +401,6 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], uses_dot=True,
             aligned=aligned, label=f"{'fp8' if fp8 else 'bf16'} M<={mp}"
                                    f"{' split' if split else ''}{' +res' if res else ''}"))
-    rows = []
-    if not fp8:  # the M = 1 rows kernel: plain, and the PDL launch that prefetches first
-        rsig = {"w_ptr": wt, "x_ptr": wt, "c_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
-                "K": "i32", "stride_w": "i32"}
-        rcfg = ROWS_M1 or dict(BN=4, BK=2048, num_warps=4)
-        rows.append(CompileCase(_rows_kernel, rsig, dict(BN=rcfg["BN"], BK=rcfg["BK"],
-                                                         HAS_RES=True, EVEN_K=True),
-                                num_warps=rcfg["num_warps"], num_stages=1,
-                                aligned=("K", "stride_w"), targets=_NVIDIA_TARGETS,
-                                label="rows bf16 +res M=1"))
-        rows.append(dataclasses.replace(rows[0], constexprs=dict(rows[0].constexprs, PDL=True,
-                                                                 PREFETCH=1),
-                                        targets=_PDL_TARGETS, label="rows bf16 +res M=1 pdl"))
     if not fp8:  # as launched on sm_90+ CUDA: a programmatic dependent launch (griddepcontrol)
         base = cases[-1]
         cases.append(CompileCase(_stream_kernel, sig, dict(base.constexprs, PDL=True),
@@ -433,7 +421,20 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
             for arch, cfg in CDNA_STREAM_CONFIGS.items() for c in cases[:2]]
         cases = [c if c.targets else dataclasses.replace(c, targets=_NVIDIA_TARGETS)
                  for c in cases] + cdna
-    return cases + rows
+        # the M = 1 rows kernel (NVIDIA only): plain, and the PDL launch that prefetches first
+        rsig = {"w_ptr": wt, "x_ptr": wt, "c_ptr": "*bf16", "r_ptr": "*bf16", "N": "i32",
+                "K": "i32", "stride_w": "i32"}
+        rcfg = ROWS_M1 or ROWS_DEFAULT
+        plain = CompileCase(_rows_kernel, rsig, dict(BN=rcfg["BN"], BK=rcfg["BK"],
+                                                     HAS_RES=True, EVEN_K=True),
+                            num_warps=rcfg["num_warps"], num_stages=1,
+                            aligned=("K", "stride_w"), targets=_NVIDIA_TARGETS,
+                            label="rows bf16 +res M=1")
+        cases += [plain, dataclasses.replace(plain, constexprs=dict(plain.constexprs, PDL=True,
+                                                                    PREFETCH=1),
+                                             targets=_PDL_TARGETS,
+                                             label="rows bf16 +res M=1 pdl")]
+    return cases
 
 
 _PDL_TARGETS = ("sm_90", "sm_100", "sm_120")
