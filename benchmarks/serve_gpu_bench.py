@@ -94,7 +94,7 @@ def profile_decode(engine, batch: int = 1) -> list[tuple[str, float]]:
     rows = sorted(((e.key, (e.device_time_total if cuda else e.self_cpu_time_total) / 4e3)
                    for e in prof.key_averages()),
                   key=lambda r: -r[1])
-    return rows[:15]
+    return rows[:25]
 
 
 def active_weight_bytes(model, cfg) -> int:

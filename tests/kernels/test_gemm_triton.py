@@ -338,9 +338,34 @@ def test_gemv_rows_kernel(kernel_device, n, k, bn, bk, residual, out_dtype, seed
                  name="gemv rows")
 
 
+@settings(max_examples=10 if not ON_GPU else 24, deadline=None)
+@given(n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K), bn=st.sampled_from([2, 4, 8]),
+       bk=st.sampled_from([64, 256, 2048]), per_sm=st.sampled_from([None, 1, 2, 5]),
+       residual=st.booleans(), out_dtype=st.sampled_from([torch.float16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+def test_gemv_rows_persistent_kernel(kernel_device, n, k, bn, bk, per_sm, residual, out_dtype,
+                                     seed):
+    """The persistent rows kernel (PERSIST: as many programs as fit resident, or PER_SM per
+    SM, each walking several row blocks with the next tile loaded ahead) for any N, K (masked
+    K tail, BK capped at K), residual or not, into a NaN-poisoned output; on sm_90+ a PDL
+    launch whose first weight tile is loaded before its wait. Under the interpreter 4-8
+    programs, so most draws give each program several blocks."""
+    a, b = _operands(1, n, k, torch.float16, kernel_device, seed)
+    r = torch.randn(1, n).to(kernel_device, torch.float16) if residual else None
+    out = torch.full((1, n), float("nan"), dtype=out_dtype, device=kernel_device)
+    cfg = dict(BN=bn, BK=bk, num_warps=4, PERSIST=True)
+    if per_sm is not None:
+        cfg["PER_SM"] = per_sm
+    triton_gemv.rows_mm(a, b, out, residual=r, config=cfg)
+    want = ref.gemv(a.double(), b.double(), residual=None if r is None else r.double())
+    assert_close(out, want, baseline=ref.gemv(a, b, out_dtype=out_dtype, residual=r),
+                 name="gemv rows persistent")
+
+
 def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
-    """M = 1 16-bit calls go to the rows kernel (ROWS_M1, or ROWS_SHAPE_CONFIGS's config for
-    their (N, K)) unless the switch is off; M = 2 does not; every path gives the product."""
+    """M = 1 16-bit calls go to the rows kernel (ROWS_SHAPE_CONFIGS's config for their (N, K),
+    else the persistent form up to PERSIST_MAX_BYTES of weight, else ROWS_M1) unless the
+    switch is off; M = 2 does not; every path gives the product."""
     calls = []
     real = triton_gemv.rows_mm
     monkeypatch.setattr(triton_gemv, "rows_mm",
@@ -349,12 +374,21 @@ def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
     monkeypatch.setattr(triton_gemv, "ROWS_SHAPE_CONFIGS", {(70, 300): shape_cfg})
     a, b = _operands(2, 70, 300, torch.float16, kernel_device, 9)
     want = ref.mm(a.double(), b.double())
-    for m, w, switch, got in ((1, b, triton_gemv.ROWS_M1, [shape_cfg]),
-                              (1, b[:69], triton_gemv.ROWS_M1, [triton_gemv.ROWS_M1]),
-                              (2, b, triton_gemv.ROWS_M1, []), (1, b, None, [])):
+    persist = triton_gemv.rows_config(69, 300, 2)
+    assert persist["PERSIST"] and persist["BK"] == 256 and persist["BN"] == 16
+    for m, w, switch, persist_max, got in (
+            (1, b, triton_gemv.ROWS_M1, None, [shape_cfg]),
+            (1, b[:69], triton_gemv.ROWS_M1, None, [persist]),  # small weight: persistent
+            (1, b[:69], triton_gemv.ROWS_M1, 69 * 300 * 2 - 1, [triton_gemv.ROWS_M1]),
+            (2, b, triton_gemv.ROWS_M1, None, []), (1, b, None, None, [])):
         monkeypatch.setattr(triton_gemv, "ROWS_M1", switch)
+        if persist_max is not None:
+            monkeypatch.setattr(triton_gemv, "PERSIST_MAX_BYTES", persist_max)
         calls.clear()
         c = tskernels.gemm.gemv(a[:m], w, backend="triton")
         assert calls == got
         assert_close(c, want[:m, :w.shape[0]], baseline=ref.mm(a[:m], w), name="gemv dispatch")
+    monkeypatch.setattr(triton_gemv, "ROWS_PERSIST", None)  # off: the plain rows kernel
+    monkeypatch.setattr(triton_gemv, "ROWS_M1", triton_gemv.ROWS_DEFAULT)
+    assert triton_gemv.rows_config(69, 300, 2) is triton_gemv.ROWS_DEFAULT
     _workspace_clean(kernel_device)

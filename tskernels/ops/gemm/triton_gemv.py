@@ -192,6 +192,62 @@ def _rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w,
 
 
 @triton.jit
+def _rows_persist_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, NB, P,
+                         KT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         HAS_RES: tl.constexpr,
+                         EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
+    """The rows kernel (above) as a persistent grid: P programs, as many as fit resident, and
+    program p owns the row blocks p, p + P, ... (NB blocks of BN rows, KT tiles of BK each).
+    It walks its (block, K tile) sequence with the next tile's load issued before the
+    current tile's FMAs (a register double buffer: two tiles in flight per program), so the
+    weight stream has no gap between blocks and no second, partial wave of programs. PDL:
+    dependents launch at once and the first weight tile is loaded *before* the wait (no kernel
+    of a step writes weights); x, the residual and c are touched only after it."""
+    pid = tl.program_id(0)
+    total = ((NB - pid + P - 1) // P) * KT
+    rows = tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    offs_n = pid * BN + rows
+    first = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + cols[None, :]
+    if EVEN_K:
+        first_mask = (offs_n < N)[:, None]
+    else:
+        first_mask = (offs_n < N)[:, None] & (cols < K)[None, :]
+    if PDL:
+        gdc_launch_dependents()
+        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+        gdc_wait()
+    else:
+        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    for it in range(1, total + 1):
+        k_cur = ((it - 1) % KT) * BK
+        n_nxt = (pid + (it // KT) * P) * BN + rows
+        k_nxt = (it % KT) * BK
+        live = (n_nxt < N) & (it < total)
+        if EVEN_K:
+            nxt_mask = live[:, None]
+        else:
+            nxt_mask = live[:, None] & ((k_nxt + cols) < K)[None, :]
+        w_nxt = tl.load(w_ptr + n_nxt.to(tl.int64)[:, None] * stride_w + k_nxt + cols[None, :],
+                        mask=nxt_mask, other=0.0, eviction_policy="evict_first")
+        if EVEN_K:
+            x = tl.load(x_ptr + k_cur + cols, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptr + k_cur + cols, mask=(k_cur + cols) < K, other=0.0,
+                        eviction_policy="evict_last")
+        acc += w_cur.to(tl.float32) * x.to(tl.float32)[None, :]
+        if it % KT == 0:  # the block's last tile: reduce, store, start the next block
+            n_cur = (pid + ((it - 1) // KT) * P) * BN + rows
+            c = tl.sum(acc, axis=1)
+            if HAS_RES:
+                c += tl.load(r_ptr + n_cur, mask=n_cur < N, other=0.0).to(tl.float32)
+            tl.store(c_ptr + n_cur, c.to(c_ptr.dtype.element_ty), mask=n_cur < N)
+            acc = tl.zeros((BN, BK), dtype=tl.float32)
+        w_cur = w_nxt
+
+
+@triton.jit
 def _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r,
               HAS_RES: tl.constexpr):
     if HAS_RES:
@@ -267,6 +323,30 @@ SHAPE_CONFIGS: dict[tuple[int, int], tuple[dict, int]] = {
 ROWS_DEFAULT = dict(BN=4, BK=2048, num_warps=4)
 ROWS_M1: dict | None = dict(ROWS_DEFAULT)
 ROWS_SHAPE_CONFIGS: dict[tuple[int, int], dict] = {}
+# weights up to PERSIST_MAX_BYTES take the persistent form of the rows kernel
+# (_rows_persist_kernel, `rows_config`): tiles of TILE weights, BK = the largest power of two
+# <= K up to BK_MAX (at least 64), BN = TILE / BK rows (at most 16); as many programs as fit
+# resident. None: off (ROWS_M1 everywhere). H200, M = 1, graph replay, back-to-back calls
+# (benchmarks/RESULTS.md, session 25), against the plain rows kernel: 0.5-100 MB weights
+# 1.0-1.53x faster (4096 x 4096 9.89 -> 9.38 us, 5120 x 2048 7.13 -> 5.84, the 128 x 2048
+# MoE router 1.88 -> 1.24), equal at 2048 x 7168; 117-1050 MB 0.4-1.7 % slower, hence the cap.
+ROWS_PERSIST: dict | None = dict(TILE=8192, BK_MAX=4096, num_warps=4)
+PERSIST_MAX_BYTES = 100 << 20
+
+
+def rows_config(n: int, k: int, itemsize: int) -> dict | None:
+    """The M = 1 rows launch config of an [n, k] weight (ROWS_SHAPE_CONFIGS first); None when
+    the rows kernel is off (ROWS_M1 None)."""
+    if ROWS_M1 is None:
+        return None
+    cfg = ROWS_SHAPE_CONFIGS.get((n, k))
+    if cfg is not None:
+        return cfg
+    if ROWS_PERSIST is None or n * k * itemsize > PERSIST_MAX_BYTES:
+        return ROWS_M1
+    bk = max(64, min(ROWS_PERSIST["BK_MAX"], 1 << (max(k, 1).bit_length() - 1)))
+    return dict(BN=max(1, min(16, ROWS_PERSIST["TILE"] // bk)), BK=bk,
+                num_warps=ROWS_PERSIST["num_warps"], PERSIST=True)
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
@@ -337,7 +417,7 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     if m == 1 and not fp8 and config is None and ROWS_M1 is not None and \
             _tune.cdna_arch(x.device) is None:
         return rows_mm(x, w, out, residual=residual,
-                       config=ROWS_SHAPE_CONFIGS.get((n, k), ROWS_M1))
+                       config=rows_config(n, k, w.element_size()))
     cfg, split, k_split = plan(m, n, k, fp8, x.device, config)
     if fp8 and (cfg["BK"] != block or block % cfg["BN"]):
         raise ValueError(f"block: the fp8 streaming kernel needs block == BK ({cfg['BK']}) "
@@ -367,13 +447,25 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
 
 def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             residual: torch.Tensor | None = None, config: dict) -> torch.Tensor:
-    """out[0] = x[0] @ w.T (+ residual) through _rows_kernel: x [1, K], w [N, K] 16-bit with
-    unit K stride, out / residual [1, N] with unit N stride. BK is capped at K's next power of
-    two (at least 64)."""
+    """out[0] = x[0] @ w.T (+ residual) through _rows_kernel, or _rows_persist_kernel when
+    config["PERSIST"] (P programs: the resident count per SM, or config["PER_SM"] if fewer,
+    times the SMs, evened out over the row blocks): x [1, K], w [N, K] 16-bit with unit K
+    stride, out / residual [1, N] with unit N stride. BK is capped at K's next power of two
+    (at least 64)."""
     n, k = w.shape
     bn = config["BN"]
     bk = min(config["BK"], max(64, triton.next_power_of_2(k)))
     pdl = _pdl(x.device)
+    r = residual if residual is not None else out
+    if config.get("PERSIST"):
+        nb, kt = triton.cdiv(n, bn), triton.cdiv(k, bk)
+        args = (w, x, out, r, n, k, w.stride(0), nb)
+        meta = dict(KT=kt, BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0,
+                    PDL=pdl, num_warps=config["num_warps"], num_stages=1)
+        cap = _num_sms(x.device) * _resident(x.device, args, meta, config.get("PER_SM"))
+        p = triton.cdiv(nb, triton.cdiv(nb, cap))  # every program owns as many blocks (+-1)
+        _rows_persist_kernel[(p,)](*args, p, **meta, **({"launch_pdl": True} if pdl else {}))
+        return out
     prefetch = config.get("PREFETCH", 0) if pdl else 0
     _rows_kernel[(triton.cdiv(n, bn),)](
         w, x, out, residual if residual is not None else out, n, k, w.stride(0),
@@ -381,6 +473,33 @@ def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         PREFETCH=triton.next_power_of_2(prefetch) if prefetch else 0,
         num_warps=config["num_warps"], num_stages=1, **({"launch_pdl": True} if pdl else {}))
     return out
+
+
+_resident_cache: dict[tuple, int] = {}
+
+
+def _resident(device: torch.device, args: tuple, meta: dict, per_sm: int | None) -> int:
+    """Programs of _rows_persist_kernel that fit on one SM at once, from its compiled register
+    and shared-memory use (per_sm caps it). CPU (the interpreter): 1."""
+    if device.type != "cuda":
+        return 1 if per_sm is None else max(1, min(per_sm, 2))
+    key = (device, tuple(sorted(meta.items())), args[0].dtype, per_sm)
+    n = _resident_cache.get(key)
+    if n is None:
+        kern = _rows_persist_kernel.warmup(*args, 1, **meta, grid=(1,))
+        kern._init_handles()
+        props = torch.cuda.get_device_properties(device)
+        warps = meta["num_warps"]
+        per_warp = -(-kern.n_regs * 32 // 256) * 256  # allocated per warp in 256s
+        regs = getattr(props, "regs_per_multiprocessor", 65536)
+        n = min(regs // (per_warp * warps), props.max_threads_per_multi_processor // 32 // warps,
+                32)
+        smem = kern.metadata.shared
+        if smem:
+            n = min(n, getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // smem)
+        n = max(1, n if per_sm is None else min(n, per_sm))
+        _resident_cache[key] = n
+    return n
 
 
 def compile_cases(fp8: bool) -> list[CompileCase]:
@@ -434,6 +553,19 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
                                                                     PREFETCH=1),
                                              targets=_PDL_TARGETS,
                                              label="rows bf16 +res M=1 pdl")]
+        # the persistent rows kernel as a 4096 x 4096 projection launches it
+        psig = dict(rsig, NB="i32", P="i32")
+        pcfg = rows_config(4096, 4096, 2) if ROWS_PERSIST else dict(BN=2, BK=4096, num_warps=4)
+        persist = CompileCase(_rows_persist_kernel, psig,
+                              dict(KT=4096 // pcfg["BK"], BN=pcfg["BN"], BK=pcfg["BK"],
+                                   HAS_RES=True, EVEN_K=True),
+                              num_warps=pcfg["num_warps"], num_stages=1,
+                              aligned=("K", "stride_w"), targets=_NVIDIA_TARGETS,
+                              label="rows persistent bf16 +res M=1")
+        cases += [persist, dataclasses.replace(persist,
+                                               constexprs=dict(persist.constexprs, PDL=True),
+                                               targets=_PDL_TARGETS,
+                                               label="rows persistent bf16 +res M=1 pdl")]
     return cases
 
 
