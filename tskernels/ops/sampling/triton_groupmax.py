@@ -33,9 +33,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from ...platform import platform_of
+from ..shared import pdl as _pdl
 from . import triton_sample as ts
 from .triton_sample import _finish_candidates, _inv_temperature, _scaled, _top_k
 
@@ -53,11 +55,14 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _gm_stats(x_ptr, t_ptr, part_ptr, gm_ptr, V, stride, S, CHUNK: tl.constexpr,
-              G: tl.constexpr):
+              G: tl.constexpr, PDL: tl.constexpr = False):
     """One read of a chunk as [CHUNK / G, G]: group maxima, chunk max and sums of exp.
     s = x / T is monotone in x, so the maxima are taken on the raw logits and scaled once
     per group (max(x) * c == max(x * c) exactly), and both sums share d = x - max(x):
     sum exp(s - m) = sum 2^(d * c * log2 e), sum exp(x - rm) = sum 2^(d * log2 e)."""
+    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     c = tl.program_id(1)
     NG: tl.constexpr = CHUNK // G
@@ -117,11 +122,15 @@ def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr,
              V, stride, S, CHUNK: tl.constexpr, G: tl.constexpr, BLOCK_S: tl.constexpr,
              NGP: tl.constexpr, GMAX: tl.constexpr, CMAX: tl.constexpr, C_SMALL: tl.constexpr,
              ITERS: tl.constexpr, WINDOW: tl.constexpr, MINP_MARGIN: tl.constexpr,
-             GHALF: tl.constexpr, CHALF: tl.constexpr, PROF: tl.constexpr = 0):
+             GHALF: tl.constexpr, CHALF: tl.constexpr, PROF: tl.constexpr = 0,
+             PDL: tl.constexpr = False):
     """Row statistics, the bound L, and the whole draw for rows with few candidate groups.
     plan[row] = (state, n): state -1 done here, 1 candidates in the buffer (n of them; n >
     CMAX: bisection), 0 _gm_compact collects them into n (zeroed here). PROF (GPU sweeps
     only): SM clock64 stamps at the stage boundaries into prof_ptr[row, 0:8]."""
+    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     if PROF:
         _stamp(prof_ptr, row, 0)
@@ -257,11 +266,14 @@ def _pending(plan_ptr, B, WORD: tl.constexpr, CMAX: tl.constexpr, BLOCK_B: tl.co
 @triton.jit
 def _gm_compact(x_ptr, t_ptr, gm_ptr, plan_ptr, bound_ptr, cs_ptr, ci_ptr, V, stride, S, B,
                 CHUNK: tl.constexpr, G: tl.constexpr, CMAX: tl.constexpr,
-                BLOCK_B: tl.constexpr):
+                BLOCK_B: tl.constexpr, PDL: tl.constexpr = False):
     """Rows in state 0: candidates of their selected groups, behind an atomic count. A grid
     of a few programs per SM that leaves at once when no row is in state 0 (the common case:
     a (row, chunk) grid cost 7 / 27 us of empty programs at B = 64 / 256); otherwise they
     share the (row, chunk) items."""
+    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
+        gdc_launch_dependents()
+        gdc_wait()
     NG: tl.constexpr = CHUNK // G
     if _pending(plan_ptr, B, 0, CMAX, BLOCK_B) > 0:
         for item in range(tl.program_id(0), B * S, tl.num_programs(0)):
@@ -289,8 +301,11 @@ def _gm_compact(x_ptr, t_ptr, gm_ptr, plan_ptr, bound_ptr, cs_ptr, ci_ptr, V, st
 @triton.jit
 def _gm_race(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr, thr_ptr, rv_ptr,
              ri_ptr, V, stride, S, B, CHUNK: tl.constexpr, CMAX: tl.constexpr,
-             BLOCK_B: tl.constexpr):
+             BLOCK_B: tl.constexpr, PDL: tl.constexpr = False):
     """triton_sample._race_chunk on the same few-programs grid as _gm_compact."""
+    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
+        gdc_launch_dependents()
+        gdc_wait()
     if _pending(plan_ptr, B, 1, CMAX, BLOCK_B) > 0:
         for item in range(tl.program_id(0), B * S, tl.num_programs(0)):
             row = item // S
@@ -349,8 +364,12 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     # tuning["profile"]: an int64 [batch, 8] tensor for the plan's stage stamps (sweeps)
     prof = tuning.get("profile")
     c_small = min(ts.C_SMALL, cmax)
+    # the six launches as a PDL chain (shared/pdl.py, "sampler"): each lets the next launch at
+    # its start and waits for its inputs, so the launches that most rows leave empty (compact,
+    # finish, race) cost no launch gap each
+    ch = _pdl.launch_args(dev) if _pdl.chained("sampler") else {"PDL": False}
     _gm_stats[grid2](logits, temperature, part, gm, vocab, stride, S, CHUNK=chunk, G=G,
-                     num_warps=tuning.get("stats_warps", 8))
+                     num_warps=tuning.get("stats_warps", 8), **ch)
     _gm_plan[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, part, gm, stat,
                        plan, bound, gid, cs, ci, tok, lp, tok if prof is None else prof, vocab,
                        stride, S, CHUNK=chunk,
@@ -358,18 +377,18 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
                        ITERS=tuning.get("iters", ITERS), WINDOW=WINDOW,
                        MINP_MARGIN=MINP_MARGIN, GHALF=max(1, gmax // 2),
                        CHALF=max(1, c_small // 2), PROF=int(prof is not None),
-                       num_warps=tuning.get("plan_warps", PLAN_WARPS))
+                       num_warps=tuning.get("plan_warps", PLAN_WARPS), **ch)
     fb = (_fallback_programs(dev, batch * S),)
     block_b = min(1024, max(16, triton.next_power_of_2(batch)))
     _gm_compact[fb](logits, temperature, gm, plan, bound, cs, ci, vocab, stride, S, batch,
-                    CHUNK=chunk, G=G, CMAX=cmax, BLOCK_B=block_b, num_warps=8)
+                    CHUNK=chunk, G=G, CMAX=cmax, BLOCK_B=block_b, num_warps=8, **ch)
     ts._finish[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, stat, plan,
                          cs, ci, thr, tok, lp, vocab, stride, CMAX=cmax, C_SMALL=c_small,
-                         BLOCK=chunk, num_warps=16)
+                         BLOCK=chunk, num_warps=16, **ch)
     _gm_race[fb](logits, temperature, min_p, seeds, steps, stat, plan, thr, rv, ri, vocab,
-                 stride, S, batch, CHUNK=chunk, CMAX=cmax, BLOCK_B=block_b, num_warps=8)
+                 stride, S, batch, CHUNK=chunk, CMAX=cmax, BLOCK_B=block_b, num_warps=8, **ch)
     ts._race_final[(batch,)](logits, stat, plan, rv, ri, tok, lp, stride, S, CMAX=cmax,
-                             BLOCK_S=block_s, num_warps=1)
+                             BLOCK_S=block_s, num_warps=1, **ch)
     top = None
     if num_logprobs > 0:  # torch.topk of the raw logits, shifted by the row's log-sum-exp
         values, ids = logits.float().topk(num_logprobs, dim=-1)

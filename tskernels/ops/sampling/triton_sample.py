@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
 from ...registry import register
@@ -246,7 +247,10 @@ def _finish_candidates(x_ptr, cs_ptr, ci_ptr, stat_ptr, seed_ptr, step_ptr, tok_
 @triton.jit
 def _finish(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr,
             cs_ptr, ci_ptr, thr_ptr, tok_ptr, lp_ptr, V, stride, CMAX: tl.constexpr,
-            C_SMALL: tl.constexpr, BLOCK: tl.constexpr):
+            C_SMALL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     n = tl.load(plan_ptr + row * 2 + 1)
     M = tl.load(stat_ptr + row * 4)
@@ -320,7 +324,10 @@ def _race_chunk(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr, 
 
 @triton.jit
 def _race_final(x_ptr, stat_ptr, plan_ptr, rv_ptr, ri_ptr, tok_ptr, lp_ptr, stride, S,
-                CMAX: tl.constexpr, BLOCK_S: tl.constexpr):
+                CMAX: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     if tl.load(plan_ptr + row * 2 + 1) > CMAX:
         c = tl.arange(0, BLOCK_S)
@@ -419,9 +426,18 @@ def run_histogram(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, see
 
 
 def _cases():
-    from . import triton_groupmax
+    import dataclasses
 
-    return _histogram_cases() + triton_groupmax.cases()
+    from ..shared import pdl
+    from . import triton_groupmax as gm
+
+    base = _histogram_cases() + gm.cases()
+    # the group-max pipeline's launches as the "sampler" PDL chain runs them (sm_90+)
+    chain = (gm._gm_stats, gm._gm_plan, gm._gm_compact, _finish, gm._gm_race, _race_final)
+    return base + [dataclasses.replace(c, constexprs=dict(c.constexprs, PDL=True),
+                                       targets=pdl.TARGETS,
+                                       label=(c.label or c.fn.__name__) + " pdl")
+                   for c in base if c.fn in chain]
 
 
 def _histogram_cases():

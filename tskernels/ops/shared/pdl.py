@@ -13,7 +13,8 @@ dependents at program start: RMSNorm / fused add + RMSNorm ("rmsnorm"), SiLU / G
 K/V store of decode steps ("rope_store_kv"), the split-KV decode merge ("merge"), the MoE
 routing ("moe_routing") and the decode MoE's align-free gate-up and slot down ("moe_direct";
 the routing and the gate-up wait before they trigger, so the down may read the routing's ids
-before its own wait). Each waits (gdc_wait) before its first load and before any store, so
+before its own wait), and the six launches of the group-max sampler ("sampler": each triggers
+and waits at its start). Each waits (gdc_wait) before its first load and before any store, so
 correctness never depends on the launch order (the one read before a wait, the slot down's
 expert id, was written by a kernel before the gate-up; every gate-up program waits before it
 triggers, so that kernel had completed before the down could launch): the wait covers the
@@ -40,7 +41,7 @@ from ...platform import platform_of
 # the kernels launched chained (see above), by name; e.g. {"rmsnorm", "act_and_mul", "rope",
 # "store_kv", "merge"}. Any iterable of names (benchmarks/serve_ab.py sets a literal).
 NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "rope_store_kv", "merge", "moe_routing",
-         "moe_direct")
+         "moe_direct", "sampler")
 CHAIN: frozenset[str] = frozenset(NAMES)
 # the compile targets of the chained forms (griddepcontrol: sm_90+)
 TARGETS = ("sm_90", "sm_100", "sm_120")
