@@ -1,5 +1,6 @@
 """Session 25 lab: the group-max sampler's six launches chained by PDL (shared/pdl.py,
-"sampler") against plain launches, side by side in one process (issue 23's sampler target:
+"sampler"; every stage triggering at its start, or the fallback stages only once they know
+they have no work: triton_groupmax.LAZY_TRIGGER) against plain launches, side by side in one process (issue 23's sampler target:
 <= 25 us at B = 64 for temperature + top-k 50 + top-p 0.9 + min-p, V = 151,936 fp32).
 
     python benchmarks/s25_sampler_gpu.py OUT_DIR [SECONDS]
@@ -35,9 +36,16 @@ def run(d):
     return tgm.run(d["logits"], **cases._params(d)).token_ids
 
 
-def timed(chain: bool, sets) -> float:
-    pdl.CHAIN = frozenset(pdl.NAMES) if chain else frozenset(set(pdl.NAMES) - {"sampler"})
-    return round(statistics.median(time_fn(run, sets, "cuda", iters=60, graph=True)), 2)
+def timed(mode: str, sets) -> float:
+    """mode: plain (no chain), early (every stage triggers at its start: call 7), lazy (the
+    fallback stages trigger once they know they have no work: LAZY_TRIGGER, call 8)."""
+    pdl.CHAIN = frozenset(pdl.NAMES) if mode != "plain" else \
+        frozenset(set(pdl.NAMES) - {"sampler"})
+    tgm.LAZY_TRIGGER = mode == "lazy"
+    try:
+        return round(statistics.median(time_fn(run, sets, "cuda", iters=60, graph=True)), 2)
+    finally:
+        tgm.LAZY_TRIGGER = True
 
 
 def main() -> None:
@@ -60,19 +68,23 @@ def main() -> None:
             pdl.CHAIN = frozenset(set(pdl.NAMES) - {"sampler"})
             want = run(d)
             pdl.CHAIN = frozenset(pdl.NAMES)
-            same &= bool(torch.equal(run(d), want))
+            for lazy in (False, True):
+                tgm.LAZY_TRIGGER = lazy
+                same &= bool(torch.equal(run(d), want))
+            tgm.LAZY_TRIGGER = True
         row = {"B": b, "mix": mix, "same_tokens": same}
         for rnd in (1, 2):  # alternated rounds
-            row[f"plain_us_{rnd}"] = timed(False, sets)
-            row[f"chained_us_{rnd}"] = timed(True, sets)
+            for mode in ("plain", "early", "lazy"):
+                row[f"{mode}_us_{rnd}"] = timed(mode, sets)
         res["rows"].append(row)
         print(row, flush=True)
         (out / "s25_sampler.json").write_text(json.dumps(res, indent=1))
     pdl.CHAIN = frozenset(pdl.NAMES)
-    print("\nB    mix                  plain us      chained us    same tokens")
+    print("\nB    mix                  plain us       early us       lazy us        same")
     for r in res["rows"]:
-        print(f"{r['B']:<4} {r['mix']:<20} {r['plain_us_1']:6.2f} {r['plain_us_2']:6.2f}  "
-              f"{r['chained_us_1']:6.2f} {r['chained_us_2']:6.2f}  {r['same_tokens']}")
+        print(f"{r['B']:<4} {r['mix']:<20} " + "  ".join(
+            f"{r[m + '_us_1']:6.2f} {r[m + '_us_2']:6.2f}" for m in ("plain", "early", "lazy"))
+            + f"  {r['same_tokens']}")
 
 
 if __name__ == "__main__":

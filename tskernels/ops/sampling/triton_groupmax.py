@@ -49,6 +49,11 @@ GMAX = 128  # groups the plan program gathers itself
 ITERS = 10
 PLAN_WARPS = 4  # two plan programs per SM (216 registers at 8 warps: one): B = 256 in one wave
 WINDOW = 64.0
+# the "sampler" PDL chain: the fallback stages (compaction, finish, race) trigger their
+# dependents only when they have no work (False: at their start, like the other stages;
+# H200, benchmarks/RESULTS.md session 25: that made the rows that take those stages 6-10 %
+# slower, the waiting dependents resident beside the work)
+LAZY_TRIGGER = True
 MINP_MARGIN = 1e-3  # min-p bound below M + log(min_p): exp / log rounding
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -266,16 +271,22 @@ def _pending(plan_ptr, B, WORD: tl.constexpr, CMAX: tl.constexpr, BLOCK_B: tl.co
 @triton.jit
 def _gm_compact(x_ptr, t_ptr, gm_ptr, plan_ptr, bound_ptr, cs_ptr, ci_ptr, V, stride, S, B,
                 CHUNK: tl.constexpr, G: tl.constexpr, CMAX: tl.constexpr,
-                BLOCK_B: tl.constexpr, PDL: tl.constexpr = False):
+                BLOCK_B: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = True):
     """Rows in state 0: candidates of their selected groups, behind an atomic count. A grid
     of a few programs per SM that leaves at once when no row is in state 0 (the common case:
     a (row, chunk) grid cost 7 / 27 us of empty programs at B = 64 / 256); otherwise they
-    share the (row, chunk) items."""
-    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
-        gdc_launch_dependents()
+    share the (row, chunk) items. PDL without EARLY: the dependents launch at once when no
+    row needs the stage, else as the programs exit (not resident beside the work)."""
+    if PDL:  # chained (shared/pdl.py "sampler"): EARLY, dependents launch now; else below
+        if EARLY:
+            gdc_launch_dependents()
         gdc_wait()
     NG: tl.constexpr = CHUNK // G
-    if _pending(plan_ptr, B, 0, CMAX, BLOCK_B) > 0:
+    pending = _pending(plan_ptr, B, 0, CMAX, BLOCK_B)
+    if PDL and not EARLY:
+        if pending == 0:
+            gdc_launch_dependents()
+    if pending > 0:
         for item in range(tl.program_id(0), B * S, tl.num_programs(0)):
             row = item // S
             c = item % S
@@ -301,12 +312,18 @@ def _gm_compact(x_ptr, t_ptr, gm_ptr, plan_ptr, bound_ptr, cs_ptr, ci_ptr, V, st
 @triton.jit
 def _gm_race(x_ptr, t_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr, thr_ptr, rv_ptr,
              ri_ptr, V, stride, S, B, CHUNK: tl.constexpr, CMAX: tl.constexpr,
-             BLOCK_B: tl.constexpr, PDL: tl.constexpr = False):
-    """triton_sample._race_chunk on the same few-programs grid as _gm_compact."""
-    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
-        gdc_launch_dependents()
+             BLOCK_B: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = True):
+    """triton_sample._race_chunk on the same few-programs grid as _gm_compact (PDL and EARLY
+    as there)."""
+    if PDL:  # chained (shared/pdl.py "sampler"): EARLY, dependents launch now; else below
+        if EARLY:
+            gdc_launch_dependents()
         gdc_wait()
-    if _pending(plan_ptr, B, 1, CMAX, BLOCK_B) > 0:
+    pending = _pending(plan_ptr, B, 1, CMAX, BLOCK_B)
+    if PDL and not EARLY:
+        if pending == 0:
+            gdc_launch_dependents()
+    if pending > 0:
         for item in range(tl.program_id(0), B * S, tl.num_programs(0)):
             row = item // S
             if tl.load(plan_ptr + row * 2 + 1) > CMAX:
@@ -368,6 +385,9 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     # its start and waits for its inputs, so the launches that most rows leave empty (compact,
     # finish, race) cost no launch gap each
     ch = _pdl.launch_args(dev) if _pdl.chained("sampler") else {"PDL": False}
+    # the fallback stages let their dependents launch only once they know they have no work
+    # (LAZY_TRIGGER), so a stage that works has no waiting programs beside it
+    fb_ch = dict(ch, EARLY=not LAZY_TRIGGER) if ch["PDL"] else ch
     _gm_stats[grid2](logits, temperature, part, gm, vocab, stride, S, CHUNK=chunk, G=G,
                      num_warps=tuning.get("stats_warps", 8), **ch)
     _gm_plan[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, part, gm, stat,
@@ -381,12 +401,13 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     fb = (_fallback_programs(dev, batch * S),)
     block_b = min(1024, max(16, triton.next_power_of_2(batch)))
     _gm_compact[fb](logits, temperature, gm, plan, bound, cs, ci, vocab, stride, S, batch,
-                    CHUNK=chunk, G=G, CMAX=cmax, BLOCK_B=block_b, num_warps=8, **ch)
+                    CHUNK=chunk, G=G, CMAX=cmax, BLOCK_B=block_b, num_warps=8, **fb_ch)
     ts._finish[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, stat, plan,
                          cs, ci, thr, tok, lp, vocab, stride, CMAX=cmax, C_SMALL=c_small,
-                         BLOCK=chunk, num_warps=16, **ch)
+                         BLOCK=chunk, num_warps=16, **fb_ch)
     _gm_race[fb](logits, temperature, min_p, seeds, steps, stat, plan, thr, rv, ri, vocab,
-                 stride, S, batch, CHUNK=chunk, CMAX=cmax, BLOCK_B=block_b, num_warps=8, **ch)
+                 stride, S, batch, CHUNK=chunk, CMAX=cmax, BLOCK_B=block_b, num_warps=8,
+                 **fb_ch)
     ts._race_final[(batch,)](logits, stat, plan, rv, ri, tok, lp, stride, S, CMAX=cmax,
                              BLOCK_S=block_s, num_warps=1, **ch)
     top = None

@@ -247,9 +247,13 @@ def _finish_candidates(x_ptr, cs_ptr, ci_ptr, stat_ptr, seed_ptr, step_ptr, tok_
 @triton.jit
 def _finish(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, plan_ptr,
             cs_ptr, ci_ptr, thr_ptr, tok_ptr, lp_ptr, V, stride, CMAX: tl.constexpr,
-            C_SMALL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
-        gdc_launch_dependents()
+            C_SMALL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+            EARLY: tl.constexpr = True):
+    # PDL (the group-max "sampler" chain): EARLY, the dependents launch at the start; else
+    # once every program has either found its row drawn already or finished its work
+    if PDL:
+        if EARLY:
+            gdc_launch_dependents()
         gdc_wait()
     row = tl.program_id(0)
     n = tl.load(plan_ptr + row * 2 + 1)
@@ -261,7 +265,8 @@ def _finish(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, stat_ptr, 
     min_p = tl.load(minp_ptr + row)
     k_on = (k > 0) & (k < V)
     if tl.load(plan_ptr + row * 2) < 0:  # the group-max plan already drew this row
-        pass
+        if PDL and not EARLY:
+            gdc_launch_dependents()
     elif n <= C_SMALL:
         _finish_candidates(x_ptr, cs_ptr, ci_ptr, stat_ptr, seed_ptr, step_ptr, tok_ptr, lp_ptr,
                            row, n, M, greedy, k, k_on, top_p, min_p, stride, CMAX, C_SMALL)
@@ -434,10 +439,12 @@ def _cases():
     base = _histogram_cases() + gm.cases()
     # the group-max pipeline's launches as the "sampler" PDL chain runs them (sm_90+)
     chain = (gm._gm_stats, gm._gm_plan, gm._gm_compact, _finish, gm._gm_race, _race_final)
-    return base + [dataclasses.replace(c, constexprs=dict(c.constexprs, PDL=True),
-                                       targets=pdl.TARGETS,
-                                       label=(c.label or c.fn.__name__) + " pdl")
-                   for c in base if c.fn in chain]
+    lazy = (gm._gm_compact, _finish, gm._gm_race)  # their trigger as launched (LAZY_TRIGGER)
+    return base + [dataclasses.replace(
+        c, constexprs=dict(c.constexprs, PDL=True,
+                           **({"EARLY": not gm.LAZY_TRIGGER} if c.fn in lazy else {})),
+        targets=pdl.TARGETS, label=(c.label or c.fn.__name__) + " pdl")
+        for c in base if c.fn in chain]
 
 
 def _histogram_cases():
