@@ -28,7 +28,10 @@ the H200 A/B (benchmarks/s16_decode_gpu.py; with triton_gemv.PREFETCH_TILES = 2 
 RoPE: dummy Llama-3-8B B=1 4.37 -> 4.17 ms/step, benchmarks/RESULTS.md "Session 16"); the MoE
 names since the H200 lab run (benchmarks/s18_moe_pdl_gpu.py: the Qwen3-30B-A3B MoE layer at
 T = 1 27.8 -> 26.7 us, T = 2-8 2-2.5 us faster, bit-equal) and the GPU tier of the MoE kernels
-with the chain on (session 19, benchmarks/results/h200/s19_gpu_tier.json).
+with the chain on (session 19, benchmarks/results/h200/s19_gpu_tier.json); "sampler" since the
+H200 lab run of session 25 (benchmarks/s25_sampler_gpu.py, bit-equal tokens: top-k 50 + top-p +
+min-p at B = 1 / 256 23.6 -> 22.1, 71.8-72.1 -> 70.3-70.4 us, B = 64 within the spread;
+temperature only at B = 64 94.4 -> 92.2; no mix slower).
 """
 from __future__ import annotations
 
