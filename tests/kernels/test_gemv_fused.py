@@ -95,6 +95,46 @@ def test_fused_matches_unfused_pair_and_poisoned_output(kernel_device, op, m, n,
     _workspace_clean(kernel_device)
 
 
+@settings(max_examples=10 if not ON_GPU else 16, deadline=None)
+@given(op=st.sampled_from(["rmsnorm", "silu_mul"]), n=st.integers(1, MAX_N),
+       k=st.integers(1, MAX_K), dtype=st.sampled_from(DTYPES), residual=st.booleans(),
+       out_dtype=st.sampled_from([torch.float16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+def test_fused_rows_kernel(kernel_device, op, n, k, dtype, residual, out_dtype, seed):
+    """M = 1: the CUDA-core persistent rows form with the RMSNorm / SiLU-mul prologue, any N, K
+    (masked K tails; under the interpreter 4 programs, so most draws give a program several
+    row blocks), into a NaN-poisoned output, against float64 and the unfused pair."""
+    x, b, nw, r = _problem(op, 1, n, k, dtype, kernel_device, seed, residual)
+    out = torch.full((1, n), float("nan"), dtype=out_dtype, device=kernel_device)
+    pro = tf.PRO_RMSNORM if op == "rmsnorm" else tf.PRO_SILU_MUL
+    tf.fused_rows_mm(x, b, out, prologue=pro, norm_weight=nw, eps=EPS, residual=r)
+    assert_close(out, _ref(op, x.double(), b.double(), _f64(nw), _f64(r)), dtype=dtype,
+                 baseline=_ref(op, x, b, nw, r, out_dtype), name=f"{op} rows")
+    act = tskernels.norm.rmsnorm(x, nw, EPS) if op == "rmsnorm" else \
+        tskernels.activation.silu_and_mul(x)
+    unfused = tskernels.gemm.gemv(act, b, residual=r, backend="triton")
+    assert_close(out, unfused.float(), dtype=dtype, name=f"{op} rows vs unfused pair")
+
+
+def test_fused_m1_dispatch(kernel_device, monkeypatch):
+    """M = 1 public calls take the rows form (tf.ROWS_M1, and triton_gemv.ROWS_M1 not None);
+    M = 2, an explicit early-stream launch and either switch off take the streaming kernel."""
+    calls = []
+    real = tf.fused_rows_mm
+    monkeypatch.setattr(tf, "fused_rows_mm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x, b, nw, _ = _problem("rmsnorm", 2, 70, 300, torch.float16, kernel_device, 3, False)
+    want = ref.rmsnorm_gemv(x.double(), nw.double(), b.double(), eps=EPS)
+    for m, rows, gemv_rows, got in ((1, True, triton_gemv.ROWS_M1, 1), (2, True, None, 0),
+                                    (1, False, triton_gemv.ROWS_M1, 0), (1, True, None, 0)):
+        monkeypatch.setattr(tf, "ROWS_M1", rows)
+        monkeypatch.setattr(triton_gemv, "ROWS_M1", gemv_rows)
+        calls.clear()
+        c = tskernels.gemm.rmsnorm_gemv(x[:m], nw, b, eps=EPS, backend="triton")
+        assert len(calls) == got
+        assert_close(c, want[:m], baseline=ref.rmsnorm_gemv(x[:m], nw, b, eps=EPS),
+                     name="rmsnorm_gemv dispatch")
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 64, 256), (7, 100, 300)])
 def test_plain_early_stream_gemv(kernel_device, m, n, k, monkeypatch):
     """gemm.gemv's early-stream launch (PRO_NONE: first weight tile before the wait)."""

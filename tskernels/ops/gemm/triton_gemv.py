@@ -344,9 +344,15 @@ def rows_config(n: int, k: int, itemsize: int) -> dict | None:
         return cfg
     if ROWS_PERSIST is None or n * k * itemsize > PERSIST_MAX_BYTES:
         return ROWS_M1
-    bk = max(64, min(ROWS_PERSIST["BK_MAX"], 1 << (max(k, 1).bit_length() - 1)))
-    return dict(BN=max(1, min(16, ROWS_PERSIST["TILE"] // bk)), BK=bk,
-                num_warps=ROWS_PERSIST["num_warps"], PERSIST=True)
+    return persist_config(k)
+
+
+def persist_config(k: int) -> dict:
+    """The persistent rows launch for K (ROWS_PERSIST's tile rule; its defaults when off)."""
+    rule = ROWS_PERSIST or dict(TILE=8192, BK_MAX=4096, num_warps=4)
+    bk = max(64, min(rule["BK_MAX"], 1 << (max(k, 1).bit_length() - 1)))
+    return dict(BN=max(1, min(16, rule["TILE"] // bk)), BK=bk, num_warps=rule["num_warps"],
+                PERSIST=True)
 
 _ws: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _sms: dict[torch.device, int] = {}
@@ -487,19 +493,24 @@ def _resident(device: torch.device, args: tuple, meta: dict, per_sm: int | None)
     n = _resident_cache.get(key)
     if n is None:
         kern = _rows_persist_kernel.warmup(*args, 1, **meta, grid=(1,))
-        kern._init_handles()
-        props = torch.cuda.get_device_properties(device)
-        warps = meta["num_warps"]
-        per_warp = -(-kern.n_regs * 32 // 256) * 256  # allocated per warp in 256s
-        regs = getattr(props, "regs_per_multiprocessor", 65536)
-        n = min(regs // (per_warp * warps), props.max_threads_per_multi_processor // 32 // warps,
-                32)
-        smem = kern.metadata.shared
-        if smem:
-            n = min(n, getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // smem)
+        n = resident_programs(kern, device, meta["num_warps"])
         n = max(1, n if per_sm is None else min(n, per_sm))
         _resident_cache[key] = n
     return n
+
+
+def resident_programs(kern, device: torch.device, warps: int) -> int:
+    """Programs of a compiled kernel that fit on one SM at once: registers (allocated per warp
+    in 256s), threads, 32 blocks, shared memory."""
+    kern._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    per_warp = -(-kern.n_regs * 32 // 256) * 256
+    regs = getattr(props, "regs_per_multiprocessor", 65536)
+    n = min(regs // (per_warp * warps), props.max_threads_per_multi_processor // 32 // warps, 32)
+    smem = kern.metadata.shared
+    if smem:
+        n = min(n, getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // smem)
+    return max(1, n)
 
 
 def compile_cases(fp8: bool) -> list[CompileCase]:

@@ -51,6 +51,12 @@ PRO_NONE, PRO_RMSNORM, PRO_SILU_MUL = 0, 1, 2
 # the first weight tile before the PDL wait (EARLY): off by default — on the H200 it cost
 # 6.8 us over a Llama layer chain; kept as an option the lab script times
 EARLY_FUSED = False
+# M = 1 takes the CUDA-core persistent rows form (_fused_rows_kernel), as triton_gemv's plain
+# gemv does; with triton_gemv.ROWS_M1 None both go back to the tensor-core streaming kernel.
+# Not yet run on a GPU: tested under the interpreter and in the compile matrix (session 25,
+# after the device time was spent); the fused decode path that calls it
+# (serve.models.bound_ops.FUSE_DECODE_GEMV) stays off until its GPU tier and a serving A/B.
+ROWS_M1 = True
 
 
 @triton.jit
@@ -211,6 +217,146 @@ def _epilogue(acc, ss, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r, 
              acc.to(c_ptr.dtype.element_ty), mask=mask2)
 
 
+@triton.jit
+def _rows_x(x_ptr, nw_ptr, k0, cols, K, PRO: tl.constexpr, EVEN_K: tl.constexpr,
+            ASM: tl.constexpr):
+    """One [BK] slice of pro(x) for the rows kernel (fp32, rounded to x's dtype first as the
+    tensor-core form rounds its operand): x (PRO 0), x * nw (PRO 1: rstd is applied to the
+    reduced rows, as there), silu(gate) * up (PRO 2, x = gate | up)."""
+    offs = k0 + cols
+    m = offs < K
+    if PRO == 2:
+        if EVEN_K:
+            g = tl.load(x_ptr + offs, eviction_policy="evict_last").to(tl.float32)
+            u = tl.load(x_ptr + K + offs, eviction_policy="evict_last").to(tl.float32)
+        else:
+            g = tl.load(x_ptr + offs, mask=m, other=0.0, eviction_policy="evict_last").to(
+                tl.float32)
+            u = tl.load(x_ptr + K + offs, mask=m, other=0.0, eviction_policy="evict_last").to(
+                tl.float32)
+        if ASM:
+            x = _silu_mul_asm(g, u)
+        else:
+            x = tl.fdiv(g * u, 1.0 + tl.exp2(g * -1.4426950408889634), ieee_rounding=False)
+    else:
+        if EVEN_K:
+            x = tl.load(x_ptr + offs, eviction_policy="evict_last").to(tl.float32)
+        else:
+            x = tl.load(x_ptr + offs, mask=m, other=0.0, eviction_policy="evict_last").to(
+                tl.float32)
+        if PRO == 1:
+            if EVEN_K:
+                nw = tl.load(nw_ptr + offs, eviction_policy="evict_last").to(tl.float32)
+            else:
+                nw = tl.load(nw_ptr + offs, mask=m, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32)
+            x = x * nw
+    return x.to(x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _fused_rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, nw_ptr, N, K, stride_w, NB, P, eps,
+                       KT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       HAS_RES: tl.constexpr, EVEN_K: tl.constexpr, PRO: tl.constexpr,
+                       PDL: tl.constexpr = False, ASM: tl.constexpr = False):
+    """M = 1: c = pro(x) @ w.T (+ r) on the CUDA cores, the persistent rows form of
+    triton_gemv._rows_persist_kernel (P programs, row blocks pid, pid + P, ..., next tile's
+    load ahead of the current tile's FMAs, first weight tile before the PDL wait) with the
+    prologue applied to each x slice. RMSNorm: every program first sums x**2 over the whole
+    row (K values, from L2) for rstd, and scales its reduced rows by it."""
+    pid = tl.program_id(0)
+    total = ((NB - pid + P - 1) // P) * KT
+    rows = tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    offs_n = pid * BN + rows
+    first = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + cols[None, :]
+    if EVEN_K:
+        first_mask = (offs_n < N)[:, None]
+    else:
+        first_mask = (offs_n < N)[:, None] & (cols < K)[None, :]
+    if PDL:
+        gdc_launch_dependents()
+        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+        gdc_wait()
+    else:
+        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+    rstd = 1.0
+    if PRO == 1:
+        sq = tl.zeros((BK,), dtype=tl.float32)
+        for t in range(KT):
+            if EVEN_K:
+                xs = tl.load(x_ptr + t * BK + cols, eviction_policy="evict_last")
+            else:
+                xs = tl.load(x_ptr + t * BK + cols, mask=(t * BK + cols) < K, other=0.0,
+                             eviction_policy="evict_last")
+            xs = xs.to(tl.float32)
+            sq += xs * xs
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    for it in range(1, total + 1):
+        k_cur = ((it - 1) % KT) * BK
+        n_nxt = (pid + (it // KT) * P) * BN + rows
+        k_nxt = (it % KT) * BK
+        live = (n_nxt < N) & (it < total)
+        if EVEN_K:
+            nxt_mask = live[:, None]
+        else:
+            nxt_mask = live[:, None] & ((k_nxt + cols) < K)[None, :]
+        w_nxt = tl.load(w_ptr + n_nxt.to(tl.int64)[:, None] * stride_w + k_nxt + cols[None, :],
+                        mask=nxt_mask, other=0.0, eviction_policy="evict_first")
+        x = _rows_x(x_ptr, nw_ptr, k_cur, cols, K, PRO, EVEN_K, ASM)
+        acc += w_cur.to(tl.float32) * x[None, :]
+        if it % KT == 0:  # the block's last tile: reduce, scale, store, next block
+            n_cur = (pid + ((it - 1) // KT) * P) * BN + rows
+            c = tl.sum(acc, axis=1)
+            if PRO == 1:
+                c = c * rstd
+            if HAS_RES:
+                c += tl.load(r_ptr + n_cur, mask=n_cur < N, other=0.0).to(tl.float32)
+            tl.store(c_ptr + n_cur, c.to(c_ptr.dtype.element_ty), mask=n_cur < N)
+            acc = tl.zeros((BN, BK), dtype=tl.float32)
+        w_cur = w_nxt
+
+
+def fused_rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prologue: int,
+                  norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """out[0] = pro(x[0]) @ w.T (+ residual) through _fused_rows_kernel: x [1, K] (or [1, 2K]
+    gate | up for PRO_SILU_MUL) and w [N, K] 16-bit with unit K stride; out / residual [1, N].
+    The persistent rows launch (tiles and grid) of triton_gemv.persist_config / rows_mm."""
+    n, k = w.shape
+    cfg = tg.persist_config(k)
+    bn, bk = cfg["BN"], cfg["BK"]
+    nb, kt = triton.cdiv(n, bn), triton.cdiv(k, bk)
+    pdl = tg._pdl(x.device)
+    r = residual if residual is not None else out
+    nw = norm_weight if norm_weight is not None else out
+    args = (w, x, out, r, nw, n, k, w.stride(0), nb)
+    meta = dict(KT=kt, BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0,
+                PRO=prologue, PDL=pdl, ASM=x.device.type == "cuda" and torch.version.hip is None,
+                num_warps=cfg["num_warps"], num_stages=1)
+    cap = tg._num_sms(x.device) * _fused_resident(x.device, args, float(eps), meta)
+    p = triton.cdiv(nb, triton.cdiv(nb, cap))
+    _fused_rows_kernel[(p,)](*args, p, float(eps), **meta,
+                             **({"launch_pdl": True} if pdl else {}))
+    return out
+
+
+_fused_res: dict[tuple, int] = {}
+
+
+def _fused_resident(device: torch.device, args: tuple, eps: float, meta: dict) -> int:
+    """_fused_rows_kernel programs resident per SM (triton_gemv._resident's rule)."""
+    if device.type != "cuda":
+        return 1
+    key = (device, tuple(sorted(meta.items())), args[0].dtype)
+    n = _fused_res.get(key)
+    if n is None:
+        kern = _fused_rows_kernel.warmup(*args, 1, eps, **meta, grid=(1,))
+        n = _fused_res[key] = tg.resident_programs(kern, device, meta["num_warps"])
+    return n
+
+
 _ss_ws: dict[torch.device, torch.Tensor] = {}
 
 
@@ -236,6 +382,10 @@ def fused_stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prol
     n, k = w.shape
     if m > 16:
         raise ValueError(f"x: the fused gemv takes at most 16 rows, got {m}")
+    if m == 1 and ROWS_M1 and config is None and early is None and tg.ROWS_M1 is not None \
+            and tg._tune.cdna_arch(x.device) is None:
+        return fused_rows_mm(x, w, out, prologue=prologue, norm_weight=norm_weight, eps=eps,
+                             residual=residual)
     cfg, split, k_split = tg.plan(m, n, k, False, x.device, config)
     ws, cnt = tg._workspace(x.device) if split > 1 else (out, out)
     ss = _ss_workspace(x.device) if split > 1 and prologue == PRO_RMSNORM else out
@@ -280,6 +430,23 @@ def compile_cases(prologues: tuple[int, ...]) -> list[CompileCase]:
                 targets=tg._PDL_TARGETS if pdl else tg._NVIDIA_TARGETS,
                 label=f"{name} M<=16 split{' +res' if res else ''}{' pdl' if pdl else ''}"
                       f"{' early' if early else ''}"))
+    # M = 1: the CUDA-core persistent rows form (NVIDIA), as a 4096 x 4096 weight launches it
+    rsig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "c_ptr": "*bf16", "r_ptr": "*bf16",
+            "nw_ptr": "*bf16", "N": "i32", "K": "i32", "stride_w": "i32", "NB": "i32",
+            "P": "i32", "eps": "fp32"}
+    rcfg = tg.persist_config(4096)
+    rows = []
+    for pro, name, res in ((PRO_RMSNORM, "rmsnorm", False), (PRO_SILU_MUL, "silu_mul", True)):
+        if pro not in prologues:
+            continue
+        for pdl in (True, False):
+            rows.append(CompileCase(
+                _fused_rows_kernel, rsig,
+                dict(KT=4096 // rcfg["BK"], BN=rcfg["BN"], BK=rcfg["BK"], HAS_RES=res,
+                     EVEN_K=True, PRO=pro, PDL=pdl, ASM=True),
+                num_warps=rcfg["num_warps"], num_stages=1, aligned=("K", "stride_w"),
+                targets=tg._PDL_TARGETS if pdl else tg._NVIDIA_TARGETS,
+                label=f"{name} M=1 rows{' +res' if res else ''}{' pdl' if pdl else ''}"))
     # CDNA: the plain launch at triton_gemv's per-arch streaming configs (heuristic, not run)
     cases += [dataclasses.replace(
         c, constexprs=dict(c.constexprs, BN=acfg["BN"], BK=acfg["BK"], ASM=False),
@@ -287,7 +454,7 @@ def compile_cases(prologues: tuple[int, ...]) -> list[CompileCase]:
         options=tuple(backend_options(acfg).items()), label=f"{c.label} {arch}")
         for arch, acfg in tg.CDNA_STREAM_CONFIGS.items() for c in list(cases)
         if not c.constexprs["PDL"]]
-    return cases
+    return cases + rows
 
 
 # ---- registration ----------------------------------------------------------------------------
