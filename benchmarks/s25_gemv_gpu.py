@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,10 +27,10 @@ from pathlib import Path
 import torch
 import triton
 
+from s24_gemv_gpu import _check, _sets, _time  # same inputs, check and timing as session 24
+
 from tskernels.bench import core
 from tskernels.ops.gemm import triton_gemv as tg
-
-ROTATE_BYTES = 200 << 20
 # Llama-3-8B o / qkv / gate-up / down, Qwen3-30B-A3B qkv / o / router, the two lm_heads
 SHAPES = [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336),
           (5120, 2048), (2048, 4096), (128, 2048), (151936, 2048), (128256, 4096)]
@@ -66,34 +65,6 @@ SMALL_SHAPES = [(4096, 4096), (6144, 4096), (5120, 2048), (2048, 4096), (128, 20
                 (2048, 7168)]
 if os.environ.get("S25_SET") == "small":
     CONFIGS, SHAPES = SMALL_CONFIGS, SMALL_SHAPES
-
-
-def _sets(m, n, k):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    count = max(2, -(-ROTATE_BYTES // (n * k * 2)) + 1)
-    out = []
-    for _ in range(count):
-        out.append(dict(a=torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16),
-                        b=(torch.randn(n, k, generator=gen, device="cuda") / 64).to(
-                            torch.bfloat16),
-                        o=torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
-                        r=torch.empty(n, dtype=torch.float32, device="cuda")))
-    return out
-
-
-def _time(fn, sets, iters=300):
-    return round(statistics.median(core.time_fn(fn, sets, "cuda", iters=iters, graph=True)), 2)
-
-
-def _check(fn, d) -> float:
-    d["o"].fill_(float("nan"))
-    fn(d)
-    torch.cuda.synchronize()
-    ref = d["a"].float() @ d["b"].float().t()
-    err = ((d["o"].float() - ref).norm() / ref.norm()).item()
-    if not err < 1e-2:
-        raise AssertionError(f"rel error {err}")
-    return err
 
 
 def main() -> None:

@@ -192,6 +192,42 @@ def _rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w,
 
 
 @triton.jit
+def persist_first_tile(w_ptr, N, K, stride_w, pid, rows, cols, EVEN_K: tl.constexpr,
+                       PDL: tl.constexpr):
+    """The persistent rows kernels' first weight tile (block pid, K tile 0); PDL: dependents
+    launch first, the tile is loaded before the wait (weights are read-only in a step)."""
+    offs_n = pid * rows.shape[0] + rows
+    first = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + cols[None, :]
+    if EVEN_K:
+        first_mask = (offs_n < N)[:, None]
+    else:
+        first_mask = (offs_n < N)[:, None] & (cols < K)[None, :]
+    if PDL:
+        gdc_launch_dependents()
+        w = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+        gdc_wait()
+    else:
+        w = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def persist_next_tile(w_ptr, N, K, stride_w, pid, P, it, total, rows, cols, KT: tl.constexpr,
+                      BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """Step `it` of a persistent rows program: the weight tile it will use next (block
+    pid + (it // KT) P, K tile it % KT; all masked once it reaches `total`)."""
+    n_nxt = (pid + (it // KT) * P) * rows.shape[0] + rows
+    k_nxt = (it % KT) * BK
+    live = (n_nxt < N) & (it < total)
+    if EVEN_K:
+        nxt_mask = live[:, None]
+    else:
+        nxt_mask = live[:, None] & ((k_nxt + cols) < K)[None, :]
+    return tl.load(w_ptr + n_nxt.to(tl.int64)[:, None] * stride_w + k_nxt + cols[None, :],
+                   mask=nxt_mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
 def _rows_persist_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, NB, P,
                          KT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          HAS_RES: tl.constexpr,
@@ -207,30 +243,12 @@ def _rows_persist_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, NB, P,
     total = ((NB - pid + P - 1) // P) * KT
     rows = tl.arange(0, BN)
     cols = tl.arange(0, BK)
-    offs_n = pid * BN + rows
-    first = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + cols[None, :]
-    if EVEN_K:
-        first_mask = (offs_n < N)[:, None]
-    else:
-        first_mask = (offs_n < N)[:, None] & (cols < K)[None, :]
-    if PDL:
-        gdc_launch_dependents()
-        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
-        gdc_wait()
-    else:
-        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+    w_cur = persist_first_tile(w_ptr, N, K, stride_w, pid, rows, cols, EVEN_K, PDL)
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     for it in range(1, total + 1):
         k_cur = ((it - 1) % KT) * BK
-        n_nxt = (pid + (it // KT) * P) * BN + rows
-        k_nxt = (it % KT) * BK
-        live = (n_nxt < N) & (it < total)
-        if EVEN_K:
-            nxt_mask = live[:, None]
-        else:
-            nxt_mask = live[:, None] & ((k_nxt + cols) < K)[None, :]
-        w_nxt = tl.load(w_ptr + n_nxt.to(tl.int64)[:, None] * stride_w + k_nxt + cols[None, :],
-                        mask=nxt_mask, other=0.0, eviction_policy="evict_first")
+        w_nxt = persist_next_tile(w_ptr, N, K, stride_w, pid, P, it, total, rows, cols, KT,
+                                  BK, EVEN_K)
         if EVEN_K:
             x = tl.load(x_ptr + k_cur + cols, eviction_policy="evict_last")
         else:

@@ -268,18 +268,7 @@ def _fused_rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, nw_ptr, N, K, stride_w, NB, P
     total = ((NB - pid + P - 1) // P) * KT
     rows = tl.arange(0, BN)
     cols = tl.arange(0, BK)
-    offs_n = pid * BN + rows
-    first = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + cols[None, :]
-    if EVEN_K:
-        first_mask = (offs_n < N)[:, None]
-    else:
-        first_mask = (offs_n < N)[:, None] & (cols < K)[None, :]
-    if PDL:
-        gdc_launch_dependents()
-        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
-        gdc_wait()
-    else:
-        w_cur = tl.load(first, mask=first_mask, other=0.0, eviction_policy="evict_first")
+    w_cur = tg.persist_first_tile(w_ptr, N, K, stride_w, pid, rows, cols, EVEN_K, PDL)
     rstd = 1.0
     if PRO == 1:
         sq = tl.zeros((BK,), dtype=tl.float32)
@@ -295,15 +284,8 @@ def _fused_rows_kernel(w_ptr, x_ptr, c_ptr, r_ptr, nw_ptr, N, K, stride_w, NB, P
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     for it in range(1, total + 1):
         k_cur = ((it - 1) % KT) * BK
-        n_nxt = (pid + (it // KT) * P) * BN + rows
-        k_nxt = (it % KT) * BK
-        live = (n_nxt < N) & (it < total)
-        if EVEN_K:
-            nxt_mask = live[:, None]
-        else:
-            nxt_mask = live[:, None] & ((k_nxt + cols) < K)[None, :]
-        w_nxt = tl.load(w_ptr + n_nxt.to(tl.int64)[:, None] * stride_w + k_nxt + cols[None, :],
-                        mask=nxt_mask, other=0.0, eviction_policy="evict_first")
+        w_nxt = tg.persist_next_tile(w_ptr, N, K, stride_w, pid, P, it, total, rows, cols, KT,
+                                     BK, EVEN_K)
         x = _rows_x(x_ptr, nw_ptr, k_cur, cols, K, PRO, EVEN_K, ASM)
         acc += w_cur.to(tl.float32) * x[None, :]
         if it % KT == 0:  # the block's last tile: reduce, scale, store, next block
