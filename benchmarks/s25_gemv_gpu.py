@@ -45,8 +45,9 @@ def resident(cfg, d) -> int:
     bk = min(cfg["BK"], max(64, triton.next_power_of_2(k)))
     meta = dict(KT=triton.cdiv(k, bk), BN=cfg["BN"], BK=bk, HAS_RES=False, EVEN_K=k % bk == 0,
                 PDL=True, num_warps=cfg["num_warps"], num_stages=1)
-    return tg._resident(d["b"].device, (d["b"], d["a"], d["o"], d["o"], n, k, k,
-                                        triton.cdiv(n, cfg["BN"])), meta, None)
+    return tg._resident(tg._rows_persist_kernel, d["b"].device,
+                        (d["b"], d["a"], d["o"], d["o"], n, k, k, triton.cdiv(n, cfg["BN"])),
+                        (), meta, None)
 
 
 # call 2 showed the resident count is not the best program count (4 x 2048, 4 warps: 4

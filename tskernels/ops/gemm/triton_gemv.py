@@ -486,8 +486,8 @@ def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
         args = (w, x, out, r, n, k, w.stride(0), nb)
         meta = dict(KT=kt, BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0,
                     PDL=pdl, num_warps=config["num_warps"], num_stages=1)
-        cap = _num_sms(x.device) * _resident(x.device, args, meta, config.get("PER_SM"))
-        p = triton.cdiv(nb, triton.cdiv(nb, cap))  # every program owns as many blocks (+-1)
+        p = persist_grid(_rows_persist_kernel, x.device, args, (), nb, meta,
+                         config.get("PER_SM"))
         _rows_persist_kernel[(p,)](*args, p, **meta, **({"launch_pdl": True} if pdl else {}))
         return out
     prefetch = config.get("PREFETCH", 0) if pdl else 0
@@ -502,15 +502,25 @@ def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
 _resident_cache: dict[tuple, int] = {}
 
 
-def _resident(device: torch.device, args: tuple, meta: dict, per_sm: int | None) -> int:
-    """Programs of _rows_persist_kernel that fit on one SM at once, from its compiled register
-    and shared-memory use (per_sm caps it). CPU (the interpreter): 1."""
+def persist_grid(kernel, device: torch.device, args: tuple, tail: tuple, nb: int, meta: dict,
+                 per_sm: int | None = None) -> int:
+    """P of a persistent rows launch over nb row blocks: the resident count per SM (per_sm
+    caps it) times the SMs, evened out so every program owns as many blocks (+-1). args /
+    tail: the kernel's arguments before / after P (for its one compile, `_resident`)."""
+    cap = _num_sms(device) * _resident(kernel, device, args, tail, meta, per_sm)
+    return triton.cdiv(nb, triton.cdiv(nb, cap))
+
+
+def _resident(kernel, device: torch.device, args: tuple, tail: tuple, meta: dict,
+              per_sm: int | None) -> int:
+    """Programs of `kernel` that fit on one SM at once, from its compiled register and
+    shared-memory use (per_sm caps it). CPU (the interpreter): 1 (per_sm: up to 2)."""
     if device.type != "cuda":
         return 1 if per_sm is None else max(1, min(per_sm, 2))
-    key = (device, tuple(sorted(meta.items())), args[0].dtype, per_sm)
+    key = (kernel, device, tuple(sorted(meta.items())), args[0].dtype, per_sm)
     n = _resident_cache.get(key)
     if n is None:
-        kern = _rows_persist_kernel.warmup(*args, 1, **meta, grid=(1,))
+        kern = kernel.warmup(*args, 1, *tail, **meta, grid=(1,))
         n = resident_programs(kern, device, meta["num_warps"])
         n = max(1, n if per_sm is None else min(n, per_sm))
         _resident_cache[key] = n
@@ -584,7 +594,7 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
                                              label="rows bf16 +res M=1 pdl")]
         # the persistent rows kernel as a 4096 x 4096 projection launches it
         psig = dict(rsig, NB="i32", P="i32")
-        pcfg = rows_config(4096, 4096, 2) if ROWS_PERSIST else dict(BN=2, BK=4096, num_warps=4)
+        pcfg = persist_config(4096)
         persist = CompileCase(_rows_persist_kernel, psig,
                               dict(KT=4096 // pcfg["BK"], BN=pcfg["BN"], BK=pcfg["BK"],
                                    HAS_RES=True, EVEN_K=True),

@@ -317,26 +317,10 @@ def fused_rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, prolog
     meta = dict(KT=kt, BN=bn, BK=bk, HAS_RES=residual is not None, EVEN_K=k % bk == 0,
                 PRO=prologue, PDL=pdl, ASM=x.device.type == "cuda" and torch.version.hip is None,
                 num_warps=cfg["num_warps"], num_stages=1)
-    cap = tg._num_sms(x.device) * _fused_resident(x.device, args, float(eps), meta)
-    p = triton.cdiv(nb, triton.cdiv(nb, cap))
+    p = tg.persist_grid(_fused_rows_kernel, x.device, args, (float(eps),), nb, meta)
     _fused_rows_kernel[(p,)](*args, p, float(eps), **meta,
                              **({"launch_pdl": True} if pdl else {}))
     return out
-
-
-_fused_res: dict[tuple, int] = {}
-
-
-def _fused_resident(device: torch.device, args: tuple, eps: float, meta: dict) -> int:
-    """_fused_rows_kernel programs resident per SM (triton_gemv._resident's rule)."""
-    if device.type != "cuda":
-        return 1
-    key = (device, tuple(sorted(meta.items())), args[0].dtype)
-    n = _fused_res.get(key)
-    if n is None:
-        kern = _fused_rows_kernel.warmup(*args, 1, eps, **meta, grid=(1,))
-        n = _fused_res[key] = tg.resident_programs(kern, device, meta["num_warps"])
-    return n
 
 
 _ss_ws: dict[torch.device, torch.Tensor] = {}
