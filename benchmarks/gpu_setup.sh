@@ -8,7 +8,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .gpuwhl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD TSKERNELS_CACHE=$PWD/.gpuwhl/tokcache PYTHONUNBUFFERED=1
 cp .gpuwhl/sched312/_core*.so scheduler/ 2>/dev/null
-python -c "import scheduler._core" 2>/dev/null || python -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
+# NO_BUILD=1: kernel-only calls skip the extension build (no serving, no tskernels-bench script)
+[ "${NO_BUILD:-0}" = 1 ] || python -c "import scheduler._core" 2>/dev/null || \
+    python -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1
 T0=$(date +%s); stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 stage() {
   local name=$1 limit=$2 log; shift 2

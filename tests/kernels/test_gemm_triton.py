@@ -392,3 +392,148 @@ def test_gemv_m1_takes_the_rows_kernel(kernel_device, monkeypatch):
     monkeypatch.setattr(triton_gemv, "ROWS_M1", triton_gemv.ROWS_DEFAULT)
     assert triton_gemv.rows_config(69, 300, 2) is triton_gemv.ROWS_DEFAULT
     _workspace_clean(kernel_device)
+
+
+@settings(max_examples=10 if not ON_GPU else 24, deadline=None)
+@given(m=st.integers(1, 16), n=st.integers(1, MAX_MN), k=st.integers(1, 2 * MAX_K),
+       bn=st.sampled_from([16, 32, 64]), bk=st.sampled_from([64, 128]),
+       stages=st.sampled_from([2, 3, 4]), split=st.sampled_from([None, 1, 2, 4]),
+       per_sm=st.sampled_from([None, 1, 2]), residual=st.booleans(),
+       out_dtype=st.sampled_from([torch.float16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+def test_gemv_dot_persistent_kernel(kernel_device, m, n, k, bn, bk, stages, split, per_sm,
+                                    residual, out_dtype, seed):
+    """The persistent tensor-core kernel (resident programs walking (row block, K range)
+    units as one pipelined loop) for 1-16 rows, any N, K (masked K tail), SPLIT from dot_split
+    or forced (a SPLIT that does not divide the K tiles falls back to 1), PER_SM, residual or
+    not, into a NaN-poisoned output; the split workspace and counters are clean after."""
+    a, b = _operands(m, n, k, torch.float16, kernel_device, seed)
+    r = torch.randn(m, n).to(kernel_device, torch.float16) if residual else None
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=kernel_device)
+    cfg = dict(BN=bn, BK=bk, num_stages=stages, num_warps=4, PREFETCH=1)
+    cfg.update({"SPLIT": split} if split else {}, **({"PER_SM": per_sm} if per_sm else {}))
+    triton_gemv.dot_persist_mm(a, b, out, residual=r, config=cfg)
+    want = ref.gemv(a.double(), b.double(), residual=None if r is None else r.double())
+    assert_close(out, want, baseline=ref.gemv(a, b, out_dtype=out_dtype, residual=r),
+                 name="gemv dot persistent")
+    _workspace_clean(kernel_device)
+
+
+@settings(max_examples=8 if not ON_GPU else 16, deadline=None)
+@given(m=st.sampled_from([1, 3, 16, 17, 40, 64] if ON_GPU else [1, 3, 17, 64]),
+       n=st.integers(1, 3 * 128 if ON_GPU else 200), k=st.integers(1, 1200 if ON_GPU else 300),
+       bn=st.sampled_from([32, 64, 128]), split=st.sampled_from([None, 1, 2]),
+       pdl=st.booleans(), out_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       seed=st.integers(0, 2**31 - 1))
+def test_fp8_dot_persistent_kernel(kernel_device, m, n, k, bn, split, pdl, out_dtype, seed):
+    """The persistent tensor-core kernel on block-fp8 operands (1 x 128 activation groups,
+    128 x 128 weight blocks; BN 32 / 64 / 128 share a weight block's scale row) at 1-64 rows,
+    as a programmatic dependent launch or not (sm_90+)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(kernel_device)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(kernel_device)
+    qa, sa = ref.quantize_fp8_per_token_group(x)
+    qb, sb = ref.quantize_fp8_block(w)
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=kernel_device)
+    cfg = dict(BN=bn, BK=128, num_stages=3, num_warps=4, **({"SPLIT": split} if split else {}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(triton_gemv, "FP8_PERSIST_PDL", pdl)
+        triton_gemv.dot_persist_mm(qa, qb, out, x_scale=sa, w_scale=sb, config=cfg)
+    want = ref.fp8_block_mm(qa, sa.double(), qb, sb.double(), out_dtype=torch.float64)
+    assert_close(out, want, dtype=torch.bfloat16,
+                 baseline=ref.fp8_block_mm(qa, sa, qb, sb, out_dtype=out_dtype))
+    _workspace_clean(kernel_device)
+    with pytest.raises(ValueError, match="block == BK"):
+        triton_gemv.dot_persist_mm(qa, qb, out, x_scale=sa, w_scale=sb,
+                                   config=dict(cfg, BK=64))
+
+
+def test_dot_split_rule():
+    """dot_split: the divisor of the K tiles that gives the busiest program the fewest tiles
+    (a split unit costing half a tile more), 1 when the row blocks alone fill the programs."""
+    assert triton_gemv.dot_split(64, 32, 264) == 4     # 4096 x 4096, BN 64: 256 units of 8
+    assert triton_gemv.dot_split(96, 32, 264) == 8     # 6144 x 4096: 768 units of 4 (3 each)
+    assert triton_gemv.dot_split(448, 32, 264) == 4    # 28672 x 4096: 7 units of 8, not 2 of 32
+    assert triton_gemv.dot_split(528, 32, 264) == 1    # two whole blocks for every program
+    assert triton_gemv.dot_split(64, 112, 264) == 4    # 4096 x 14336
+    for nb, kt, cap in ((1, 7, 4), (3, 12, 132), (500, 1, 264), (2, 128, 396)):
+        s = triton_gemv.dot_split(nb, kt, cap)
+        assert kt % s == 0 and 1 <= s <= kt
+
+
+def test_stream_mm_takes_the_dot_persistent_kernel(kernel_device, monkeypatch):
+    """With DOT_16BIT set, 16-bit calls of 2-16 rows take dot_persist_mm (M = 1 keeps the
+    rows kernel); with DOT_FP8 set, fp8 calls of up to 64 rows do; an explicit config keeps
+    the split kernel; every path gives the product."""
+    calls = []
+    real = triton_gemv.dot_persist_mm
+    monkeypatch.setattr(triton_gemv, "dot_persist_mm",
+                        lambda *a, **kw: calls.append(kw["config"]) or real(*a, **kw))
+    dot = dict(BN=32, BK=64, num_stages=2, num_warps=4)
+    monkeypatch.setattr(triton_gemv, "DOT_16BIT", dot)
+    a, b = _operands(16, 70, 300, torch.float16, kernel_device, 5)
+    want = ref.mm(a.double(), b.double())
+    for m, got in ((1, []), (2, [dot]), (16, [dot])):
+        calls.clear()
+        c = tskernels.gemm.gemv(a[:m], b, backend="triton")
+        assert calls == got
+        assert_close(c, want[:m], baseline=ref.mm(a[:m], b), name="gemv dispatch")
+    calls.clear()
+    out = torch.empty(4, 70, dtype=torch.float16, device=kernel_device)
+    triton_gemv.stream_mm(a[:4], b, out, config=triton_gemv.STREAM_CONFIGS[("16bit", 16)])
+    assert calls == []
+    fp8 = dict(BN=64, BK=128, num_stages=3, num_warps=4)
+    monkeypatch.setattr(triton_gemv, "DOT_FP8", fp8)
+    qa, sa = ref.quantize_fp8_per_token_group(torch.randn(40, 256, device=kernel_device))
+    qb, sb = ref.quantize_fp8_block(torch.randn(96, 256, device=kernel_device) * 0.05)
+    calls.clear()
+    c = tskernels.gemm.fp8_block_mm(qa, sa, qb, sb, backend="triton")
+    assert calls == [fp8]
+    assert_close(c, ref.fp8_block_mm(qa, sa.double(), qb, sb.double(), out_dtype=torch.float64),
+                 dtype=torch.bfloat16, baseline=ref.fp8_block_mm(qa, sa, qb, sb))
+    _workspace_clean(kernel_device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_dot_persistent_under_cuda_graph_replay(pdl, monkeypatch):
+    """Back-to-back persistent tensor-core launches (16-bit at 2 / 16 rows, split and not,
+    and block-fp8 at 1 / 64 rows), each a programmatic dependent of the last when pdl, under
+    graph replay give the eager results; the workspace is clean after."""
+    monkeypatch.setattr(triton_gemv, "USE_PDL", pdl)
+    monkeypatch.setattr(triton_gemv, "FP8_PERSIST_PDL", pdl)
+    monkeypatch.setattr(triton_gemv, "DOT_16BIT", dict(BN=64, BK=128, num_stages=4,
+                                                       num_warps=4))
+    monkeypatch.setattr(triton_gemv, "DOT_FP8", dict(BN=64, BK=128, num_stages=4,
+                                                     num_warps=4))
+    dev = "cuda"
+    ops = [_operands(m, n, k, torch.bfloat16, dev, n + k + m)
+           for m, n, k in ((2, 4096, 4096), (16, 6144, 4096), (16, 28672, 4096))]
+    r = torch.randn(2, 4096, device=dev).bfloat16()
+    fp8 = []
+    for m, n, k in ((1, 7168, 2048), (64, 2112, 7168)):
+        qa, sa = ref.quantize_fp8_per_token_group(torch.randn(m, k, device=dev))
+        qb, sb = ref.quantize_fp8_block(torch.randn(n, k, device=dev) * 0.05)
+        fp8.append((qa, sa, qb, sb))
+    calls = [lambda a=a, b=b: tskernels.gemm.gemv(a, b, backend="triton") for a, b in ops]
+    calls.append(lambda: tskernels.gemm.gemv(ops[0][0], ops[0][1], residual=r,
+                                             backend="triton"))
+    calls += [lambda q=q: tskernels.gemm.fp8_block_mm(*q, backend="triton") for q in fp8]
+    eager = [c() for c in calls]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [c() for c in calls]
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for o, e in zip(outs, eager):
+            assert_close(o, e.float(), dtype=torch.bfloat16, name="replay")
+    for (a, b), e in zip(ops, eager):
+        assert_close(e, ref.mm(a.double(), b.double()), baseline=ref.mm(a, b))
+    for q, e in zip(fp8, eager[len(ops) + 1:]):
+        assert_close(e, ref.fp8_block_mm(q[0], q[1].double(), q[2], q[3].double(),
+                                         out_dtype=torch.float64),
+                     dtype=torch.bfloat16, baseline=ref.fp8_block_mm(*q))
+    _workspace_clean(dev)

@@ -266,6 +266,107 @@ def _rows_persist_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, NB, P,
 
 
 @triton.jit
+def cta_sync(v):
+    """bar.sync 0 (every thread of the CTA reaches it; memory before it is ordered before
+    what follows in the CTA), returning v so the barrier stays in program order. NVIDIA only."""
+    return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [v],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _dot_persist_kernel(w_ptr, x_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, as_ptr, bs_ptr,
+                        M, N, K, stride_w, stride_x, stride_c, stride_r, stride_as, stride_bs,
+                        NB, P,
+                        KS: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr,
+                        FP8: tl.constexpr, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr,
+                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+                        ASM_SYNC: tl.constexpr = False):
+    """c[:M] = x[:M] @ w.T (+ r) for a few activation rows (M <= MP) on the tensor cores, as a
+    persistent grid: the transposed tile product c.T [BN, MP] += w_tile [BN, BK] @ x_tile.T
+    (the weight tile is the MMA's M side), over NB row blocks of BN rows each cut into SPLIT
+    K ranges of KS tiles (units). P programs, as many as fit resident; program p takes the
+    units p, p + P, ... and walks its (unit, K tile) sequence as one flat loop, so the
+    software pipeline (num_stages weight tiles in flight, cp.async / TMA-style) runs on from
+    one unit into the next: no pipeline refill per tile, no second, partial wave of programs.
+    SPLIT > 1: a unit's partial sum is added into the fp32 workspace (ws [M, N]) and the
+    unit that arrives last at its row block (arrival counter cnt[block]) takes the sum,
+    re-zeroes both and writes c (as _stream_kernel). FP8: w, x e4m3 with block scales
+    bs[n // BLOCK, k // BLOCK], as[m, k // BLOCK] (BK == BLOCK, BN divides BLOCK).
+    PDL: dependents launch at once and the first PREFETCH weight tiles are asked into L2
+    before the wait (no kernel of a step writes weights); x, r, ws and c only after it."""
+    pid = tl.program_id(0)
+    units = (NB * SPLIT - pid + P - 1) // P
+    total = units * KS
+    rows = tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    offs_m = tl.arange(0, MP)
+    m_mask = offs_m < M
+    if PDL:
+        gdc_launch_dependents()
+        if PREFETCH > 0:
+            LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # 128 B
+            u0 = pid
+            n0 = (u0 // SPLIT) * BN + rows
+            pcols = (u0 % SPLIT) * KS * BK + tl.arange(0, PREFETCH * BK // LINE) * LINE
+            prefetch_l2(w_ptr + n0.to(tl.int64)[:, None] * stride_w + pcols[None, :],
+                        (n0 < N)[:, None] & (pcols < K)[None, :] & (u0 < NB * SPLIT))
+        gdc_wait()
+    acc = tl.zeros((BN, MP), dtype=tl.float32)
+    for it in range(0, total):
+        u = pid + (it // KS) * P
+        blk = u // SPLIT
+        kt = (u % SPLIT) * KS + it % KS
+        offs_n = blk * BN + rows
+        offs_k = kt * BK + cols
+        n_mask = offs_n < N
+        w_tile = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w + offs_k[None, :]
+        x_tile = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
+        if EVEN_K:
+            w = tl.load(w_tile, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_tile, mask=m_mask[:, None], other=0.0, eviction_policy="evict_last")
+        else:
+            k_mask = offs_k < K
+            w = tl.load(w_tile, mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(x_tile, mask=m_mask[:, None] & k_mask[None, :], other=0.0,
+                        eviction_policy="evict_last")
+        if FP8:
+            kb = kt * BK // BLOCK
+            b_s = tl.load(bs_ptr + ((blk * BN) // BLOCK) * stride_bs + kb)
+            a_s = tl.load(as_ptr + offs_m * stride_as + kb, mask=m_mask, other=0.0)
+            acc += tl.dot(w, tl.trans(x)) * (a_s * b_s)[None, :]
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+        if it % KS == KS - 1:  # the unit's last tile
+            mask2 = n_mask[:, None] & m_mask[None, :]
+            if SPLIT > 1:
+                tile = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+                tl.atomic_add(tile, acc, mask=mask2, sem="relaxed")
+                # every thread's adds happen-before the counter's release: a CTA barrier
+                # (as PTX on NVIDIA, which Triton's pipeliner does not treat as a barrier
+                # that stops it pipelining the loop; the interpreter needs none)
+                if ASM_SYNC:
+                    blk = cta_sync(blk)
+                else:
+                    tl.debug_barrier()
+                arrived = tl.atomic_add(cnt_ptr + blk, 1, sem="acq_rel")
+                if arrived == SPLIT - 1:
+                    bits = (ws_ptr.to(tl.pointer_type(tl.int32)) + offs_m[None, :] * N
+                            + offs_n[:, None])
+                    total_acc = tl.atomic_xchg(bits, tl.zeros((BN, MP), dtype=tl.int32),
+                                               mask=mask2, sem="relaxed").to(tl.float32,
+                                                                             bitcast=True)
+                    tl.atomic_xchg(cnt_ptr + blk, 0)
+                    _epilogue(total_acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c,
+                              stride_r, HAS_RES)
+            else:
+                _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r,
+                          HAS_RES)
+            acc = tl.zeros((BN, MP), dtype=tl.float32)
+
+
+@triton.jit
 def _epilogue(acc, c_ptr, r_ptr, offs_m, offs_n, mask2, stride_c, stride_r,
               HAS_RES: tl.constexpr):
     if HAS_RES:
@@ -350,6 +451,15 @@ ROWS_SHAPE_CONFIGS: dict[tuple[int, int], dict] = {}
 # MoE router 1.88 -> 1.24), equal at 2048 x 7168; 117-1050 MB 0.4-1.7 % slower, hence the cap.
 ROWS_PERSIST: dict | None = dict(TILE=8192, BK_MAX=4096, num_warps=4)
 PERSIST_MAX_BYTES = 100 << 20
+
+# 2-16 activation rows with 16-bit weights (DOT_16BIT) and fp8 block weights at M <= 64
+# (DOT_FP8), on NVIDIA: the persistent tensor-core kernel (_dot_persist_kernel through
+# dot_persist_mm: resident programs walking (row block, K range) units as one pipelined loop)
+# with this config in place of the split kernel's grid of one tile per program. None: off
+# (the split kernel). FP8_PERSIST_PDL: the fp8 launches as programmatic dependents too.
+DOT_16BIT: dict | None = None
+DOT_FP8: dict | None = None
+FP8_PERSIST_PDL = False
 
 
 def rows_config(n: int, k: int, itemsize: int) -> dict | None:
@@ -442,6 +552,10 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             _tune.cdna_arch(x.device) is None:
         return rows_mm(x, w, out, residual=residual,
                        config=rows_config(n, k, w.element_size()))
+    dot = DOT_FP8 if fp8 else DOT_16BIT if m > 1 and m <= 16 else None
+    if dot is not None and config is None and _tune.cdna_arch(x.device) is None:
+        return dot_persist_mm(x, w, out, residual=residual, x_scale=x_scale, w_scale=w_scale,
+                              block=block, config=dot)
     cfg, split, k_split = plan(m, n, k, fp8, x.device, config)
     if fp8 and (cfg["BK"] != block or block % cfg["BN"]):
         raise ValueError(f"block: the fp8 streaming kernel needs block == BK ({cfg['BK']}) "
@@ -499,6 +613,64 @@ def rows_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
     return out
 
 
+def dot_split(nb: int, kt: int, cap: int) -> int:
+    """SPLIT of a persistent tensor-core launch: the divisor s of the kt K tiles whose units
+    (nb row blocks x s K ranges) give the fewest tiles to the busiest of `cap` programs,
+    ceil(nb s / cap) (kt / s + 1/2 if s > 1: a split unit's atomics and arrival cost about
+    half a tile), the smaller s on ties."""
+    best, best_cost = 1, None
+    for s in range(1, kt + 1):
+        if kt % s:
+            continue
+        cost = -(-nb * s // cap) * (kt / s + (0.5 if s > 1 else 0.0))
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
+
+
+def dot_persist_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
+                   residual: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
+                   w_scale: torch.Tensor | None = None, block: int = 128,
+                   config: dict) -> torch.Tensor:
+    """out[:M] = x @ w.T (+ residual) through _dot_persist_kernel (M <= 64): x [M, K], w [N, K]
+    with unit K stride, out / residual [M, N] with unit N stride; fp8 when x_scale / w_scale
+    are given (BK must equal block, BN divide it). config: BN, BK, num_stages, num_warps;
+    optional PER_SM (programs per SM, at most the resident count), SPLIT (else dot_split's),
+    PREFETCH (weight tiles asked into L2 before the PDL wait)."""
+    m, k = x.shape
+    n = w.shape[0]
+    fp8 = x_scale is not None
+    bn, bk = config["BN"], config["BK"]
+    if fp8 and (bk != block or block % bn):
+        raise ValueError(f"block: the fp8 persistent kernel needs block == BK ({bk}) and a "
+                         f"multiple of BN ({bn}), got {block}")
+    nb, kt = triton.cdiv(n, bn), triton.cdiv(k, bk)
+    pdl = _pdl(x.device) and (not fp8 or FP8_PERSIST_PDL)
+    dummy = out
+    r = residual if residual is not None else dummy
+    a_s = x_scale if fp8 else dummy
+    b_s = w_scale if fp8 else dummy
+    ws, cnt = _workspace(x.device)
+    args = (w, x, out, r, ws, cnt, a_s, b_s, m, n, k, w.stride(0), x.stride(0), out.stride(0),
+            r.stride(0), a_s.stride(0) if fp8 else 0, b_s.stride(0) if fp8 else 0, nb)
+    prefetch = config.get("PREFETCH", 0) if pdl else 0
+    meta = dict(BN=bn, BK=bk, MP=mpad(m), BLOCK=block, FP8=fp8, HAS_RES=residual is not None,
+                EVEN_K=k % bk == 0, PDL=pdl, ASM_SYNC=x.device.type == "cuda",
+                PREFETCH=triton.next_power_of_2(prefetch) if prefetch else 0,
+                num_warps=config["num_warps"], num_stages=config["num_stages"])
+    cap = _num_sms(x.device) * _resident(_dot_persist_kernel, x.device, args, (),
+                                         dict(meta, KS=1, SPLIT=2), config.get("PER_SM"))
+    split = config.get("SPLIT") or dot_split(nb, kt, cap)
+    if kt % split or (split > 1 and (m * n > WS_ELEMS or nb > CNT_ELEMS)):
+        split = 1
+    units = nb * split
+    p = triton.cdiv(units, triton.cdiv(units, cap))
+    _dot_persist_kernel[(p,)](*args, p, KS=kt // split, SPLIT=split, **meta,
+                              **({"launch_pdl": True} if pdl else {}))
+    return out
+
+
+_resident_cache: dict[tuple, int] = {}
 _resident_cache: dict[tuple, int] = {}
 
 
@@ -605,6 +777,21 @@ def compile_cases(fp8: bool) -> list[CompileCase]:
                                                constexprs=dict(persist.constexprs, PDL=True),
                                                targets=_PDL_TARGETS,
                                                label="rows persistent bf16 +res M=1 pdl")]
+    # the persistent tensor-core kernel (DOT_16BIT / DOT_FP8): 16-bit at <= 16 rows split and
+    # unsplit, fp8 at <= 16 and <= 64 rows, plain and as a PDL launch with one tile prefetched
+    dsig = dict(sig, NB="i32", P="i32")
+    dsig.pop("K_SPLIT")
+    daligned = aligned[:-1]
+    for mp, split in ((16, 2), (64, 1)) if fp8 else ((16, 1), (16, 4)):
+        for pdl in (False, True):
+            cases.append(CompileCase(
+                _dot_persist_kernel, dsig,
+                dict(KS=8, SPLIT=split, BN=64, BK=128, MP=mp, BLOCK=128, FP8=fp8, HAS_RES=not fp8,
+                     EVEN_K=True, PDL=pdl, PREFETCH=1 if pdl else 0, ASM_SYNC=True),
+                num_warps=4, num_stages=4, uses_dot=True, aligned=daligned,
+                targets=_PDL_TARGETS if pdl else _NVIDIA_TARGETS,
+                label=f"dot persistent {'fp8' if fp8 else 'bf16'} M<={mp}"
+                      f"{' split' if split > 1 else ''}{' pdl' if pdl else ''}"))
     return cases
 
 
