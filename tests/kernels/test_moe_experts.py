@@ -278,3 +278,126 @@ def test_direct_chained_equals_plain(kernel_device, t, monkeypatch):
     for _ in range(3):
         x.copy_(torch.randn(x.shape, generator=gen).to(x))
         assert_replays_equal(g, out, plain(), times=1)
+
+
+# ---- the persistent form of the align-free path (triton_direct.PERSIST) ----------------------
+# interpreter-sized: BK 32 (H 48 / I 40: masked K tails), BN 16; per_sm 2 gives the interpreter
+# 8 programs (4 "SMs"), None 4: both walk several units (slot, column block) per program
+PERSIST_SMALL = td.PersistTiles(16, 32, 4, 2, None, 16, 32, 4, 2, None)
+PERSIST_PER_SM2 = td.PersistTiles(16, 16, 4, 2, 2, 16, 16, 4, 3, 2)
+
+
+def _poisoned_empty(monkeypatch):
+    """torch.empty returning NaN-filled floating tensors (the activations, partials and the
+    output the launch allocates): an element the kernels read before writing, or leave
+    unwritten, shows as NaN."""
+    real = torch.empty
+
+    def empty(*a, **kw):
+        out = real(*a, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@settings(max_examples=20 if not GPU else 30, deadline=None)
+@given(seed=st.integers(0, 2**16), t=st.integers(1, td.MAX_TOKENS),
+       dims=st.sampled_from([(32, 16), (48, 40), (64, 48), (16, 24)]), e=st.sampled_from([3, 8]),
+       k=st.sampled_from([1, 2, 3, 4]), act=st.sampled_from(["silu", "gelu"]),
+       pattern=st.sampled_from(["random", "one_expert", "non_local"]),
+       tiles=st.sampled_from([PERSIST_SMALL, PERSIST_PER_SM2]))
+def test_direct_persist_small(kernel_device, seed, t, dims, e, k, act, pattern, tiles):
+    """The persistent gate-up + down (units walked as one flat loop, the combine fused by
+    arrival counters, any top-k) vs float64: T 1..8, H / I not multiples of the tiles, ids of
+    -1 / past the local experts dropped, every slot on one expert; NaN-poisoned buffers; the
+    arrival counters re-armed after."""
+    h, inter = dims
+    x, w13, w2, w, ids = _problem(t, h, inter, e, min(k, e), torch.float16, kernel_device,
+                                  seed, pattern)
+    with pytest.MonkeyPatch.context() as m:
+        _poisoned_empty(m)
+        out = td.direct_experts(x, w13, w2, w, ids, activation=act, tiles=tiles)
+    cpu = [a.cpu() for a in (x, w13, w2, w, ids)]
+    want = ref.fused_experts(cpu[0].double(), cpu[1].double(), cpu[2].double(), cpu[3],
+                             cpu[4], activation=act)
+    base = ref.fused_experts(cpu[0].float(), cpu[1].float(), cpu[2].float(), cpu[3], cpu[4],
+                             activation=act).to(x.dtype)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert_close(out, want, baseline=base)
+    assert int(td._counters(x.device).abs().sum()) == 0
+
+
+def test_direct_persist_fp32_all_dropped(kernel_device):
+    """fp32 activations and weights, and a token whose every id is dropped (its output 0)."""
+    x, w13, w2, w, ids = _problem(3, 40, 24, 4, 2, torch.float32, kernel_device, 11)
+    ids[1] = -1
+    out = td.direct_experts(x, w13, w2, w, ids, tiles=PERSIST_SMALL)
+    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
+                             ids.cpu())
+    assert_close(out, want, torch.float32)
+    assert not out[1].any()
+    assert int(td._counters(x.device).abs().sum()) == 0
+
+
+def test_persist_switch_routes_the_public_op(kernel_device, monkeypatch):
+    """td.PERSIST set: the public op's decode calls take the persistent launches (and None,
+    the default, keeps the tile grids)."""
+    assert td.PERSIST is None
+    x, w13, w2, w, ids = _problem(2, 48, 40, 6, 2, torch.float16, kernel_device, 5)
+    calls = []
+    real = td._persist_experts
+    monkeypatch.setattr(td, "_persist_experts", lambda *a, **kw: calls.append(a[-1]) or real(
+        *a, **kw))
+    monkeypatch.setattr(td, "PERSIST", PERSIST_SMALL)
+    out = moe.fused_experts(x, w13, w2, w, ids, backend="triton")
+    assert calls == [PERSIST_SMALL]
+    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
+                             ids.cpu())
+    assert_close(out, want)
+    monkeypatch.setattr(td, "PERSIST", None)
+    td.direct_experts(x, w13, w2, w, ids, tiles=DIRECT_SMALL)
+    assert len(calls) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("t", [1, 3, 8])
+@pytest.mark.parametrize("chain", [True, False])
+def test_direct_persist_replays(kernel_device, t, chain, monkeypatch):
+    """The persistent form at the Qwen3-30B-A3B shape (default PersistTiles) in three layers
+    back to back (each routed from its own input through its own router), chained (PDL) or
+    plain: matches float64 per layer eagerly, and a CUDA graph of the three replays on new
+    inputs bit-equal to the eager run, counters re-armed."""
+    from tskernels.ops.shared import pdl
+
+    names = frozenset(pdl.NAMES)
+    monkeypatch.setattr(pdl, "CHAIN", names if chain else names - {"moe_routing",
+                                                                    "moe_direct"})
+    monkeypatch.setattr(td, "PERSIST", td.PersistTiles())
+    x, w13, w2, _, _ = _problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t)
+    gen = torch.Generator().manual_seed(t)
+    routers = [(torch.randn(2048, 128, generator=gen) / 8).to(kernel_device) for _ in range(3)]
+
+    def layers(check=False):
+        h = x
+        for wg in routers:
+            w, ids = moe.topk_softmax(h.float() @ wg, 8, backend="triton")
+            nxt = moe.fused_experts(h, w13, w2, w, ids, backend="triton")
+            if check:
+                cpu = [a.cpu() for a in (h, w13, w2, w, ids)]
+                want = ref.fused_experts(cpu[0].double(), cpu[1].double(), cpu[2].double(),
+                                         cpu[3], cpu[4])
+                base = ref.fused_experts(cpu[0].float(), cpu[1].float(), cpu[2].float(),
+                                         cpu[3], cpu[4]).to(h.dtype)
+                assert_close(nxt, want, baseline=base)
+            h = nxt
+        return h
+
+    layers(check=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = layers()
+    for _ in range(3):
+        x.copy_(torch.randn(x.shape, generator=gen).to(x))
+        assert_replays_equal(g, out, layers(), times=1)
+    assert int(td._counters(x.device).abs().sum()) == 0

@@ -1,0 +1,152 @@
+"""Session 26 lab: the persistent form of the decode MoE's align-free launches
+(triton_direct.PERSIST: persist_gate_up_kernel + persist_down_kernel, resident programs walking
+(column block, slot) units as one pipelined loop) against the shipped tile grids, for issue
+24's MoE target (Qwen3-30B-A3B layer at T = 1: 26.5 us on the H200, read floor 17.8, target
+<= 21 us).
+
+    python benchmarks/s26_moe_persist_gpu.py OUT_DIR BUDGET_S
+
+Qwen3-30B-A3B layer (E = 128, top-8, hidden 2048, intermediate 768, bf16): routing
+(moe.topk_softmax) + moe.fused_experts through the public op, both Triton, chained as served
+(pdl.CHAIN as shipped), at T = 1 / 2 / 4 / 8. Each variant's output is first compared with the
+shipped path's on the same inputs (bf16 tolerance; its output and every buffer it allocates
+NaN-poisoned; the arrival counters must be re-armed after): a variant that differs or raises is
+reported and not timed. Timing: tskernels.bench.core.time_fn with graph=True (back-to-back
+layers in one CUDA graph over 8 input sets, each routing to its own experts, so the 8 touched
+experts' 75 MB do not stay in the 50 MB L2 from call to call), medians. The read floor: the
+distinct experts each set touches x their 3 H I bf16 bytes over the measured copy bandwidth
+(mean over the sets). No new variant starts once BUDGET_S seconds have passed (the JSON is
+rewritten after every T). Writes OUT_DIR/s26_moe_persist.json; prints a table last.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tskernels import moe
+from tskernels.bench import core
+from tskernels.numerics import assert_close
+from tskernels.ops.moe import triton_direct as td
+
+E, H, I, K = 128, 2048, 768, 8
+P = td.PersistTiles
+# (BN, BK, num_stages, programs per SM) per kernel; None per SM: as many as fit resident
+VARIANTS: dict[str, td.PersistTiles | None] = {
+    "shipped": None,
+    "p_res": P(),
+    "p_r1": P(up_per_sm=1, down_per_sm=1),
+    "p_r2": P(up_per_sm=2, down_per_sm=2),
+    "p_r3": P(up_per_sm=3, down_per_sm=3),
+    "p_pf2_res": P(down_prefetch=2),
+    "p_pf2_r2": P(up_per_sm=2, down_per_sm=2, down_prefetch=2),
+    "p_up32_dn64_res": P(up_n=32, down_n=64),
+    "p_up32_dn64_r2": P(up_n=32, down_n=64, up_per_sm=2, down_per_sm=2),
+    "p_dn16_r2": P(down_n=16, up_per_sm=2, down_per_sm=2),
+    "p_s3_r2": P(up_stages=3, down_stages=3, up_per_sm=2, down_per_sm=2),
+    "p_s6_r1": P(up_stages=6, down_stages=6, up_per_sm=1, down_per_sm=1),
+    "p_k256s3_r2": P(up_k=256, down_k=256, up_stages=3, down_stages=3, up_per_sm=2,
+                     down_per_sm=2),
+    "p_k64s8_r2": P(up_k=64, down_k=64, up_stages=8, down_stages=8, up_per_sm=2,
+                    down_per_sm=2),
+}
+
+
+def _poison_empty():
+    """torch.empty filling floating tensors with NaN (restored by the returned function)."""
+    real = torch.empty
+
+    def empty(*a, **kw):
+        out = real(*a, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    torch.empty = empty
+    return lambda: setattr(torch, "empty", real)
+
+
+def main() -> int:
+    out_dir, budget = Path(sys.argv[1]), float(sys.argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13 = (torch.randn(E, 2 * I, H, generator=gen, device="cuda") / H ** 0.5).bfloat16()
+    w2 = (torch.randn(E, H, I, generator=gen, device="cuda") / I ** 0.5).bfloat16()
+    roof = core.copy_bandwidth("cuda")
+    res = {"command": "python " + " ".join(sys.argv), "copy_roofline_GBps": round(roof, 1),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "device": torch.cuda.get_device_name(), "shipped_persist": repr(td.PERSIST),
+           "variants": {k: repr(v) for k, v in VARIANTS.items()}, "rows": []}
+    print(f"{res['device']}: copy roofline {roof / 1e3:.2f} TB/s; shipped td.PERSIST = "
+          f"{td.PERSIST}", flush=True)
+    keep = td.PERSIST
+    spent = False
+    for t in (1, 2, 4, 8):
+        if spent:
+            break
+        sets = [dict(x=torch.randn(t, H, generator=gen, device="cuda").bfloat16(),
+                     logits=torch.randn(t, E, generator=gen, device="cuda")) for _ in range(8)]
+
+        def layer(d):
+            w, ids = moe.topk_softmax(d["logits"], K, backend="triton")
+            return moe.fused_experts(d["x"], w13, w2, w, ids, backend="triton")
+
+        td.PERSIST = None
+        ref = layer(sets[0]).float()
+        touched = [len(torch.unique(moe.topk_softmax(d["logits"], K, backend="triton")[1]))
+                   for d in sets]
+        floor = statistics.mean(touched) * 3 * H * I * 2 / roof / 1e3
+        row = {"T": t, "touched_experts": touched, "floor_us": round(floor, 2), "us": {},
+               "grids": {}}
+        for name, v in VARIANTS.items():
+            if time.time() - t0 > budget:
+                print(f"budget of {budget:.0f} s spent: no further variants", flush=True)
+                spent = True
+                break
+            td.PERSIST = v
+            try:
+                td.LAST_GRIDS.clear()
+                restore = _poison_empty()
+                try:
+                    got = layer(sets[0])
+                    torch.cuda.synchronize()
+                finally:
+                    restore()
+                assert_close(got, ref, dtype=torch.bfloat16, name=name)
+                assert int(td._counters(got.device).abs().sum()) == 0, "counters not re-armed"
+                if v is not None:
+                    row["grids"][name] = {k: dict(g) for k, g in td.LAST_GRIDS.items()}
+                row["us"][name] = round(statistics.median(
+                    core.time_fn(layer, sets, "cuda", iters=400, graph=True)), 2)
+            except Exception as e:  # noqa: BLE001 - recorded in its row, the others go on
+                row.setdefault("failed", {})[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"  T={t} {name}: {row['failed'][name][:160]} -- not timed", flush=True)
+            finally:
+                td.PERSIST = keep
+        res["rows"].append(row)
+        (out_dir / "s26_moe_persist.json").write_text(json.dumps(res, indent=1))
+        u = row["us"]
+        if u:
+            best = min(u, key=u.get)
+            print(f"T={t} floor {row['floor_us']} | " + " ".join(
+                f"{k} {x}" for k, x in u.items()) + f" | best {best}", flush=True)
+        del sets
+    td.PERSIST = keep
+    print(f"\ntotal {time.time() - t0:.0f} s")
+    print("T  floor   shipped  p_res   best persistent (grids: programs/units/per-SM)")
+    for r in res["rows"]:
+        u = r["us"]
+        pv = {k: x for k, x in u.items() if k != "shipped"}
+        best = min(pv, key=pv.get) if pv else None
+        g = r["grids"].get(best, {})
+        gs = " ".join(f"{k} {x['programs']}/{x['units']}/{x['per_sm']}" for k, x in g.items())
+        print(f"{r['T']}  {r['floor_us']:6.2f}  {u.get('shipped')}  {u.get('p_res')}  "
+              f"{best} {pv.get(best)} ({gs})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
