@@ -37,6 +37,7 @@ from autotune import backend_options
 
 from ...compile import CompileCase
 from ..shared.pdl import prefetch_l2
+from ..shared.persist import cta_sync, resident_programs
 from . import _tune
 
 MAX_M = 64
@@ -263,14 +264,6 @@ def _rows_persist_kernel(w_ptr, x_ptr, c_ptr, r_ptr, N, K, stride_w, NB, P,
             tl.store(c_ptr + n_cur, c.to(c_ptr.dtype.element_ty), mask=n_cur < N)
             acc = tl.zeros((BN, BK), dtype=tl.float32)
         w_cur = w_nxt
-
-
-@triton.jit
-def cta_sync(v):
-    """bar.sync 0 (every thread of the CTA reaches it; memory before it is ordered before
-    what follows in the CTA), returning v so the barrier stays in program order. NVIDIA only."""
-    return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [v],
-                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -697,20 +690,6 @@ def _resident(kernel, device: torch.device, args: tuple, tail: tuple, meta: dict
         n = max(1, n if per_sm is None else min(n, per_sm))
         _resident_cache[key] = n
     return n
-
-
-def resident_programs(kern, device: torch.device, warps: int) -> int:
-    """Programs of a compiled kernel that fit on one SM at once: registers (allocated per warp
-    in 256s), threads, 32 blocks, shared memory."""
-    kern._init_handles()
-    props = torch.cuda.get_device_properties(device)
-    per_warp = -(-kern.n_regs * 32 // 256) * 256
-    regs = getattr(props, "regs_per_multiprocessor", 65536)
-    n = min(regs // (per_warp * warps), props.max_threads_per_multi_processor // 32 // warps, 32)
-    smem = kern.metadata.shared
-    if smem:
-        n = min(n, getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // smem)
-    return max(1, n)
 
 
 def compile_cases(fp8: bool) -> list[CompileCase]:

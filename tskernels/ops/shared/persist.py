@@ -2,8 +2,8 @@
 how many programs of a compiled kernel fit resident on one SM, the SM count, and a CTA
 barrier the software pipeliner does not treat as one.
 
-(tskernels/ops/gemm/triton_gemv.py has its own copies of the same helpers,
-`resident_programs` / `_resident` / `_num_sms` / `cta_sync`, from before this module.)
+(tskernels/ops/gemm/triton_gemv.py takes `resident_programs` and `cta_sync` from here; its
+`_resident` / `_num_sms` keep their own caches and the interpreter's SM count of 4.)
 """
 from __future__ import annotations
 
