@@ -5,7 +5,8 @@ graphs are captured):
     python benchmarks/serve_ab.py --set tskernels.ops.gemm.triton_gemv.USE_PDL=0 -- \
         --batch 1 --new-tokens 48 --no-hf --json out.json
 
-Values are Python literals (0 / 1 / 8 ...). The JSON gets a "switches" field.
+Values are Python literals (0 / 1 / 8 ...) or expressions of the module's own names
+(`PERSIST=PersistTiles()`). The JSON gets a "switches" field.
 """
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ def main() -> None:
             m = importlib.import_module(mod)
             if not hasattr(m, name):
                 raise SystemExit(f"--set: {mod} has no attribute {name}")
-            setattr(m, name, ast.literal_eval(value))
+            try:
+                v = ast.literal_eval(value)
+            except (ValueError, SyntaxError):  # an expression of the module's own names
+                v = eval(value, vars(m))  # noqa: S307 - lab switches typed by hand
+            setattr(m, name, v)
             switches[path] = repr(getattr(m, name))  # JSON-safe (tuple keys)
     print(f"switches: {switches}", flush=True)
     bench = Path(__file__).with_name("serve_gpu_bench.py")
