@@ -2,15 +2,15 @@
 #   DOT_S / DOT_KIND: benchmarks/s26_dot_gpu.py (the persistent tensor-core decode GEMM vs the
 #           split kernel and cuBLAS; DOT_KIND 16bit / fp8 / both)
 #   MOE_S: benchmarks/s26_moe_persist_gpu.py (the persistent decode MoE launches vs the shipped ones)
-#   TEST_S / TESTS: a pytest -m gpu run over TESTS
+#   TEST_S / TESTS / TEST_K: a pytest -m gpu run over TESTS (-k TEST_K)
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs -> s26_gpu_tier.json
 #   BENCH_S / BENCH_OPS: tskernels-bench OP --graph for each op in BENCH_OPS
-#   AB_S / AB_MODELS / AB_SETS / AB_BATCH: serve_ab.py per model ("tag:--set a=b|tag2:..." one engine each)
+#   AB_S / AB_MODELS / AB_SETS / AB_BATCHES: serve_ab.py per model ("tag:--set a=b|tag2:..." one engine each)
 source benchmarks/gpu_setup.sh
 stage dot "${DOT_S:-0}" python benchmarks/s26_dot_gpu.py "$OUT" $(( ${DOT_S:-0} - 40 )) ${DOT_KIND:-both}
 stage moe "${MOE_S:-0}" python benchmarks/s26_moe_persist_gpu.py "$OUT" $(( ${MOE_S:-0} - 30 ))
 TAIL=30 stage tests "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
-    -p no:cacheprovider -n 4 --timeout 200 ${TESTS:-tests/kernels}
+    -p no:cacheprovider -n 4 --timeout 200 ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/kernels}
 if [ "${TIER_S:-0}" -gt 0 ]; then
   args=(); for kv in ${TIER_KERNELS:-}; do args+=(--kernel "$kv"); done
   stage tier "$TIER_S" env HYPOTHESIS_PROFILE=ci python benchmarks/gpu_tier.py \
@@ -20,14 +20,16 @@ fi
 for op in ${BENCH_OPS:-}; do
   stage "bench_$op" "${BENCH_S:-0}" tskernels-bench "$op" --graph --json "$OUT/s26_bench_$op.json"
 done
+for AB_BATCH in ${AB_BATCHES:-1}; do
 for MODEL in ${AB_MODELS:-dummy:llama-3-8b}; do
   tag=${MODEL##*/}; tag=${tag%.json}; tag=${tag#dummy:}
   IFS='|' read -ra sets <<< "${AB_SETS:-}"
   for v in "${sets[@]}"; do
     vtag=${v%%:*}
     stage "ab_${tag}_$vtag" "${AB_S:-0}" python benchmarks/serve_ab.py ${v#*:} -- --model "$MODEL" \
-        --batch ${AB_BATCH:-1} --new-tokens 48 --no-hf --json "$OUT/s26_ab_${tag}_b${AB_BATCH:-1}_$vtag.json"
+        --batch $AB_BATCH --new-tokens 48 --no-hf --json "$OUT/s26_ab_${tag}_b${AB_BATCH}_$vtag.json"
   done
+done
 done
 # the device returns ~8 files: everything goes back in one archive
 cd "$OUT" && tar czf /tmp/s26_out.tgz * 2>/dev/null && rm -rf "$OUT"/* && mv /tmp/s26_out.tgz "$OUT/"; true

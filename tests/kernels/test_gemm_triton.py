@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -462,35 +463,45 @@ def test_dot_split_rule():
 
 
 def test_stream_mm_takes_the_dot_persistent_kernel(kernel_device, monkeypatch):
-    """With DOT_16BIT set, 16-bit calls of 2-16 rows take dot_persist_mm (M = 1 keeps the
-    rows kernel); with DOT_FP8 set, fp8 calls of up to 64 rows do; an explicit config keeps
-    the split kernel; every path gives the product."""
+    """dot_config's rule: 16-bit calls of 2-16 rows with N <= DOT_16BIT_MAX_N and fp8 calls
+    of 2-64 rows within DOT_FP8_MAX_BYTES take dot_persist_mm (M = 1 keeps the rows / split
+    kernels, larger weights the split kernel); an explicit config or a switch set to None
+    keeps the split kernel; every path gives the product."""
     calls = []
     real = triton_gemv.dot_persist_mm
     monkeypatch.setattr(triton_gemv, "dot_persist_mm",
                         lambda *a, **kw: calls.append(kw["config"]) or real(*a, **kw))
     dot = dict(BN=32, BK=64, num_stages=2, num_warps=4)
     monkeypatch.setattr(triton_gemv, "DOT_16BIT", dot)
-    a, b = _operands(16, 70, 300, torch.float16, kernel_device, 5)
+    monkeypatch.setattr(triton_gemv, "DOT_16BIT_MAX_N", 70)
+    a, b = _operands(16, 71, 300, torch.float16, kernel_device, 5)
     want = ref.mm(a.double(), b.double())
-    for m, got in ((1, []), (2, [dot]), (16, [dot])):
+    for m, n, got in ((1, 70, []), (2, 70, [dot]), (16, 70, [dot]), (16, 71, [])):
         calls.clear()
-        c = tskernels.gemm.gemv(a[:m], b, backend="triton")
+        c = tskernels.gemm.gemv(a[:m], b[:n], backend="triton")
         assert calls == got
-        assert_close(c, want[:m], baseline=ref.mm(a[:m], b), name="gemv dispatch")
+        assert_close(c, want[:m, :n], baseline=ref.mm(a[:m], b[:n]), name="gemv dispatch")
     calls.clear()
     out = torch.empty(4, 70, dtype=torch.float16, device=kernel_device)
-    triton_gemv.stream_mm(a[:4], b, out, config=triton_gemv.STREAM_CONFIGS[("16bit", 16)])
+    triton_gemv.stream_mm(a[:4], b[:70], out, config=triton_gemv.STREAM_CONFIGS[("16bit", 16)])
+    assert calls == []
+    monkeypatch.setattr(triton_gemv, "DOT_16BIT", None)
+    tskernels.gemm.gemv(a[:4], b[:70], backend="triton")
     assert calls == []
     fp8 = dict(BN=64, BK=128, num_stages=3, num_warps=4)
     monkeypatch.setattr(triton_gemv, "DOT_FP8", fp8)
+    monkeypatch.setattr(triton_gemv, "DOT_FP8_MAX_BYTES", 96 * 256)
     qa, sa = ref.quantize_fp8_per_token_group(torch.randn(40, 256, device=kernel_device))
-    qb, sb = ref.quantize_fp8_block(torch.randn(96, 256, device=kernel_device) * 0.05)
-    calls.clear()
-    c = tskernels.gemm.fp8_block_mm(qa, sa, qb, sb, backend="triton")
-    assert calls == [fp8]
-    assert_close(c, ref.fp8_block_mm(qa, sa.double(), qb, sb.double(), out_dtype=torch.float64),
-                 dtype=torch.bfloat16, baseline=ref.fp8_block_mm(qa, sa, qb, sb))
+    qb, sb = ref.quantize_fp8_block(torch.randn(97, 256, device=kernel_device) * 0.05)
+    for m, n, got in ((40, 96, [fp8]), (1, 96, []), (40, 97, [])):
+        calls.clear()
+        c = tskernels.gemm.fp8_block_mm(qa[:m], sa[:m], qb[:n], sb[:triton.cdiv(n, 128)],
+                                        backend="triton")
+        assert calls == got
+        want8 = ref.fp8_block_mm(qa[:m], sa[:m].double(), qb[:n],
+                                 sb[:triton.cdiv(n, 128)].double(), out_dtype=torch.float64)
+        assert_close(c, want8, dtype=torch.bfloat16,
+                     baseline=ref.fp8_block_mm(qa[:m], sa[:m], qb[:n], sb[:triton.cdiv(n, 128)]))
     _workspace_clean(kernel_device)
 
 

@@ -445,14 +445,32 @@ ROWS_SHAPE_CONFIGS: dict[tuple[int, int], dict] = {}
 ROWS_PERSIST: dict | None = dict(TILE=8192, BK_MAX=4096, num_warps=4)
 PERSIST_MAX_BYTES = 100 << 20
 
-# 2-16 activation rows with 16-bit weights (DOT_16BIT) and fp8 block weights at M <= 64
+# 2-16 activation rows with 16-bit weights (DOT_16BIT) and fp8 block weights at 2-64 rows
 # (DOT_FP8), on NVIDIA: the persistent tensor-core kernel (_dot_persist_kernel through
 # dot_persist_mm: resident programs walking (row block, K range) units as one pipelined loop)
-# with this config in place of the split kernel's grid of one tile per program. None: off
-# (the split kernel). FP8_PERSIST_PDL: the fp8 launches as programmatic dependents too.
-DOT_16BIT: dict | None = None
-DOT_FP8: dict | None = None
+# with this config in place of the split kernel's grid of one tile per program, for weights
+# within DOT_16BIT_MAX_N rows / DOT_FP8_MAX_BYTES (`dot_config`). None: off (the split
+# kernel). Session 26, H100 (no H200 came), graph replay, back-to-back calls over rotated
+# weights, against the split kernel in the same run (benchmarks/RESULTS.md): 16-bit, only the
+# 2048-row Qwen3-30B-A3B o projection (2048 x 4096) gained (M = 16 11.21 -> 9.19 us, M = 4
+# 10.38 -> 8.89); 5120 x 2048 and the Llama-3-8B projections were 1-24 % slower at every
+# config. fp8 at one program per SM, 6 stages: 7168 x 2048 M = 16 11.2 -> 8.87 us, M = 64
+# 21.1 -> 10.84; 2112 x 7168 M = 16 10.94 -> 10.8, M = 64 18.43 -> 13.8; the 37.7 / 117 MB
+# shapes and M = 1 (2112 x 7168 9.11 -> 10.24) slower, hence the byte cap and M >= 2.
+DOT_16BIT: dict | None = dict(BN=64, BK=128, num_stages=6, num_warps=4)
+DOT_16BIT_MAX_N = 2048
+DOT_FP8: dict | None = dict(BN=64, BK=128, num_stages=6, num_warps=4, PER_SM=1)
+DOT_FP8_MAX_BYTES = 32 << 20
 FP8_PERSIST_PDL = False
+
+
+def dot_config(m: int, n: int, k: int, fp8: bool) -> dict | None:
+    """The persistent tensor-core launch config for an M x [n, k] product, or None (the split
+    kernel): 16-bit at 2-16 rows and n <= DOT_16BIT_MAX_N, fp8 at 2-64 rows and at most
+    DOT_FP8_MAX_BYTES of weight."""
+    if fp8:
+        return DOT_FP8 if 2 <= m <= MAX_M and n * k <= DOT_FP8_MAX_BYTES else None
+    return DOT_16BIT if 2 <= m <= 16 and n <= DOT_16BIT_MAX_N else None
 
 
 def rows_config(n: int, k: int, itemsize: int) -> dict | None:
@@ -545,8 +563,8 @@ def stream_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
             _tune.cdna_arch(x.device) is None:
         return rows_mm(x, w, out, residual=residual,
                        config=rows_config(n, k, w.element_size()))
-    dot = DOT_FP8 if fp8 else DOT_16BIT if m > 1 and m <= 16 else None
-    if dot is not None and config is None and _tune.cdna_arch(x.device) is None:
+    dot = dot_config(m, n, k, fp8) if config is None else None
+    if dot is not None and _tune.cdna_arch(x.device) is None:
         return dot_persist_mm(x, w, out, residual=residual, x_scale=x_scale, w_scale=w_scale,
                               block=block, config=dot)
     cfg, split, k_split = plan(m, n, k, fp8, x.device, config)
