@@ -23,7 +23,8 @@ done
 for AB_BATCH in ${AB_BATCHES:-1}; do
 for MODEL in ${AB_MODELS:-dummy:llama-3-8b}; do
   tag=${MODEL##*/}; tag=${tag%.json}; tag=${tag#dummy:}
-  IFS='|' read -ra sets <<< "${AB_SETS:-}"
+  sv=AB_SETS_$AB_BATCH  # per batch size: AB_SETS_1, AB_SETS_8, ... (else AB_SETS)
+  IFS='|' read -ra sets <<< "${!sv:-${AB_SETS:-}}"
   for v in "${sets[@]}"; do
     vtag=${v%%:*}
     stage "ab_${tag}_$vtag" "${AB_S:-0}" python benchmarks/serve_ab.py ${v#*:} -- --model "$MODEL" \
