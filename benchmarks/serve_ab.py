@@ -6,7 +6,7 @@ graphs are captured):
         --batch 1 --new-tokens 48 --no-hf --json out.json
 
 Values are Python literals (0 / 1 / 8 ...) or expressions of the module's own names
-(`PERSIST=PersistTiles()`). The JSON gets a "switches" field.
+(`triton_direct.DEFAULT=DirectTiles(down="token")`). The JSON gets a "switches" field.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Persistent-grid pieces shared by backends (a backend may not import another backend's):
-how many programs of a compiled kernel fit resident on one SM, the SM count, and a CTA
-barrier the software pipeliner does not treat as one.
+"""Persistent-grid pieces for any backend (a backend may not import another backend's): how
+many programs of a compiled kernel fit resident on one SM, and a CTA barrier the software
+pipeliner does not treat as one.
 
 (tskernels/ops/gemm/triton_gemv.py takes `resident_programs` and `cta_sync` from here; its
 `_resident` / `_num_sms` keep their own caches and the interpreter's SM count of 4.)
@@ -10,22 +10,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-# the interpreter's "SM count": a few programs, so tests still walk several units each
-INTERPRETER_SMS = 4
-
-_sms: dict[torch.device, int] = {}
-_resident_cache: dict[tuple, int] = {}
-
-
-def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (CPU, the interpreter: INTERPRETER_SMS)."""
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    n = _sms.get(device)
-    if n is None:
-        n = _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
 
 
 def resident_programs(kern, device: torch.device, warps: int) -> int:
@@ -41,32 +25,6 @@ def resident_programs(kern, device: torch.device, warps: int) -> int:
     if smem:
         n = min(n, getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // smem)
     return max(1, n)
-
-
-def resident(kernel, device: torch.device, args: tuple, meta: dict,
-             per_sm: int | None = None) -> int:
-    """Programs of `kernel` (a @triton.jit function) launched with positional `args` and
-    keyword `meta` (constexprs, num_warps, num_stages; no launch options) that fit on one SM
-    at once, from its compiled register and shared-memory use; per_sm caps it. Compiled once
-    per (kernel, device, meta, argument dtypes). CPU (the interpreter): 1 (per_sm: up to 2)."""
-    if device.type != "cuda":
-        return 1 if per_sm is None else max(1, min(per_sm, 2))
-    dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
-    key = (kernel, device, tuple(sorted(meta.items())), dtypes, per_sm)
-    n = _resident_cache.get(key)
-    if n is None:
-        kern = kernel.warmup(*args, **meta, grid=(1,))
-        n = resident_programs(kern, device, meta.get("num_warps", 4))
-        n = max(1, n if per_sm is None else min(n, per_sm))
-        _resident_cache[key] = n
-    return n
-
-
-def even_grid(units: int, cap: int) -> int:
-    """P programs for `units` work units on at most `cap` resident programs, evened out so
-    every program owns as many units (+-1): ceil(units / ceil(units / cap))."""
-    units = max(1, units)
-    return triton.cdiv(units, triton.cdiv(units, max(1, cap)))
 
 
 @triton.jit
