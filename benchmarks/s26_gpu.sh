@@ -4,7 +4,7 @@
 #   TEST_S / TESTS / TEST_K: a pytest -m gpu run over TESTS (-k TEST_K)
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs -> s26_gpu_tier.json
 #   BENCH_S / BENCH_OPS: tskernels-bench OP --graph for each op in BENCH_OPS
-#   AB_S / AB_MODELS / AB_SETS / AB_BATCHES: serve_ab.py per model ("tag:--set a=b|tag2:..." one engine each)
+#   AB_S / AB_MODELS / AB_SETS / AB_BATCHES: serve_ab.py per model ("tag:--set a=b|tag2:..." one engine each); AB_EXTRA: more serve_gpu_bench args
 source benchmarks/gpu_setup.sh
 stage dot "${DOT_S:-0}" python benchmarks/s26_dot_gpu.py "$OUT" $(( ${DOT_S:-0} - 40 )) ${DOT_KIND:-both}
 TAIL=30 stage tests "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
@@ -26,7 +26,7 @@ for MODEL in ${AB_MODELS:-dummy:llama-3-8b}; do
   for v in "${sets[@]}"; do
     vtag=${v%%:*}
     stage "ab_${tag}_$vtag" "${AB_S:-0}" python benchmarks/serve_ab.py ${v#*:} -- --model "$MODEL" \
-        --batch $AB_BATCH --new-tokens 48 --no-hf --json "$OUT/s26_ab_${tag}_b${AB_BATCH}_$vtag.json"
+        --batch $AB_BATCH --new-tokens 48 --no-hf ${AB_EXTRA:-} --json "$OUT/s26_ab_${tag}_b${AB_BATCH}_$vtag.json"
   done
 done
 done

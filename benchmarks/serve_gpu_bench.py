@@ -163,13 +163,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32, 64])
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
+    ap.add_argument("--num-kv-pages", type=int, default=8192,
+                    help="KV pages to allocate (fewer lets a 61 GB model fit an 80 GB card)")
     a = ap.parse_args()
 
     from serve.engine import Engine
 
     t = time.perf_counter()
     engine = Engine(a.model, device=a.device, dtype=a.dtype, max_num_seqs=max(a.batch),
-                    max_model_len=1024, num_kv_pages=8192,
+                    max_model_len=1024, num_kv_pages=a.num_kv_pages,
                     cuda_graphs=not a.no_graphs, kv_cache_dtype=a.kv_cache_dtype)
     load_s = time.perf_counter() - t
     graphs = engine.runner.graphs is not None

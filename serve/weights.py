@@ -27,15 +27,18 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
     checkpoint directory, or random weights when it is None. quantization "int8": the dense
     weights are then kept as int8 with per-row scales, "int4": as 4-bit groups of 32
     (serve.models.quant)."""
-    with torch.device(device):
-        model = cls(cfg, device=device, max_position=max_position)
-        block = fp8_block_size(cfg)
-        if block:
-            to_fp8(model, block, _not_converted(cfg))
-    fp32 = getattr(model, "fp32_params", ())
-    for name, p in model.named_parameters():
-        dt = getattr(p, "fixed_dtype", None) or (torch.float32 if name.endswith(fp32) else dtype)
-        p.data = torch.empty_like(p, dtype=dt)
+    from .models import layers
+
+    layers.META_PARAMS = True
+    try:
+        with torch.device(device):
+            model = cls(cfg, device=device, max_position=max_position)
+            block = fp8_block_size(cfg)
+            if block:
+                to_fp8(model, block, _not_converted(cfg))
+    finally:
+        layers.META_PARAMS = False
+    _materialize(model, torch.device(device), dtype)
     if checkpoint is None:
         init_dummy(model, cfg, seed)
     else:
@@ -50,6 +53,29 @@ def build_model(cls, cfg, *, device, dtype, max_position: int, checkpoint: str |
         raise ValueError(f"quantization: expected 'none', 'int8' or 'int4', got "
                          f"{quantization!r}")
     return model.eval()
+
+
+def _materialize(model, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every (meta) parameter of `model` uninitialized storage on `device` in its final
+    dtype: its pinned `fixed_dtype`, float32 for the names the model lists in `fp32_params`,
+    else `dtype`. A parameter shared by several modules (tied embeddings) stays one."""
+    fp32 = getattr(model, "fp32_params", ())
+    names = {id(p): n for n, p in model.named_parameters()}
+    made: dict[int, torch.nn.Parameter] = {}
+    for mod in model.modules():
+        for key, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            q = made.get(id(p))
+            if q is None:
+                fixed = getattr(p, "fixed_dtype", None)
+                dt = fixed or (torch.float32 if names[id(p)].endswith(fp32) else dtype)
+                q = torch.nn.Parameter(torch.empty(p.shape, dtype=dt, device=device),
+                                       requires_grad=False)
+                if fixed is not None:
+                    q.fixed_dtype = fixed
+                made[id(p)] = q
+            mod._parameters[key] = q
 
 
 def fp8_block_size(cfg) -> int | None:

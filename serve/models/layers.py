@@ -19,10 +19,18 @@ from . import quant
 FP8 = torch.float8_e4m3fn
 
 
+# serve.weights.build_model sets this while it instantiates a model: weights are then made on
+# the meta device and materialized once, in their final dtype, so building never holds a
+# float32 copy of the model (a 30B model's 122 GB) on the card.
+META_PARAMS = False
+
+
 def _param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
     """A weight; `dtype` pins it (fp8 weights, their float32 scales) where the model's dtype
     would otherwise be applied at build time (serve.weights.build_model)."""
-    p = nn.Parameter(torch.empty(*shape, dtype=dtype or torch.float32), requires_grad=False)
+    kw = dict(device="meta") if META_PARAMS else {}
+    p = nn.Parameter(torch.empty(*shape, dtype=dtype or torch.float32, **kw),
+                     requires_grad=False)
     if dtype is not None:
         p.fixed_dtype = dtype
     return p

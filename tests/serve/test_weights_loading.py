@@ -130,3 +130,64 @@ def test_named_dummy_configs_run(name):
     engine = Engine(f"dummy:{name}", device="cpu", num_kv_pages=16, max_model_len=64)
     out = engine.generate([[3, 4, 5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))[0]
     assert len(out.token_ids) == 2
+
+
+@pytest.mark.parametrize("name,tied", [("tiny-deepseek-v3", False), ("tiny-llama", True)])
+def test_build_model_materializes_once_in_final_dtype(name, tied, monkeypatch):
+    """Weights are made on the meta device while the model is instantiated (no float32 copy of
+    the whole model), then materialized in their final dtype: bf16, the model's fp32_params in
+    float32, pinned fixed_dtype kept; the switch is reset even when the constructor raises."""
+    from serve.models import layers
+
+    cfg, _ = load_model_config(f"dummy:{name}")
+    if tied:
+        cfg.tie_word_embeddings = True
+    seen = []
+    orig = layers._param
+
+    def spy(*shape, dtype=None):
+        p = orig(*shape, dtype=dtype)
+        seen.append(p.device.type)
+        return p
+    monkeypatch.setattr(layers, "_param", spy)
+    cls = model_class(cfg)
+    model = build_model(cls, cfg, device="cpu", dtype=torch.bfloat16, max_position=64,
+                        checkpoint=None)
+    assert seen and set(seen) == {"meta"} and layers.META_PARAMS is False
+    fp32 = getattr(model, "fp32_params", ())
+    for n, p in model.named_parameters():
+        assert p.device.type == "cpu" and not p.requires_grad, n
+        want = getattr(p, "fixed_dtype", None) or (
+            torch.float32 if fp32 and n.endswith(fp32) else torch.bfloat16)
+        assert p.dtype == want, (n, p.dtype)
+        assert torch.isfinite(p.float()).all(), n  # the dummy init wrote every weight
+    if fp32:
+        assert any(n.endswith(fp32) and p.dtype == torch.float32
+                   for n, p in model.named_parameters())
+    has_head = any(n.endswith("lm_head.weight") for n, _ in model.named_parameters())
+    assert has_head == (not tied)
+
+    def boom(*a, **k):
+        raise RuntimeError("ctor failed")
+    with pytest.raises(RuntimeError, match="ctor failed"):
+        build_model(boom, cfg, device="cpu", dtype=torch.bfloat16, max_position=64,
+                    checkpoint=None)
+    assert layers.META_PARAMS is False
+
+
+def test_materialize_keeps_a_shared_parameter_one():
+    from serve.models import layers
+    from serve.weights import _materialize
+
+    layers.META_PARAMS = True
+    try:
+        a, b = torch.nn.Module(), torch.nn.Module()
+        a.w = b.w = layers._param(3, 4)
+        a.s = layers._param(2, dtype=torch.float32)
+    finally:
+        layers.META_PARAMS = False
+    root = torch.nn.Sequential(a, b)
+    assert a.w.is_meta
+    _materialize(root, torch.device("cpu"), torch.float16)
+    assert a.w is b.w and a.w.dtype == torch.float16 and not a.w.is_meta
+    assert a.s.dtype == torch.float32 and a.s.fixed_dtype == torch.float32

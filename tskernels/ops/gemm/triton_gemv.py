@@ -682,7 +682,6 @@ def dot_persist_mm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *,
 
 
 _resident_cache: dict[tuple, int] = {}
-_resident_cache: dict[tuple, int] = {}
 
 
 def persist_grid(kernel, device: torch.device, args: tuple, tail: tuple, nb: int, meta: dict,
