@@ -178,3 +178,50 @@ def test_many_splits_merge(kernel_device):
     o = plan.run(q, kv.k_cache, kv.v_cache, sinks=sinks, out=poisoned_like(q))
     truth, same = ref_decode(q, kv, sinks=sinks)
     assert_close(o, truth, baseline=same)
+
+
+@pytest.mark.parametrize("lens,hkv,window", [([200], 1, None), ([1500, 130, 0], 1, None),
+                                             ([900, 77], 1, 300)])
+def test_live_splits_of_a_capacity_plan(kernel_device, lens, hkv, window):
+    """A plan sized for a long capacity (max_seq_len 8192, split count from the rule) run on
+    short live lengths: each request uses the splits choose_splits gives its live length
+    (live_splits), the splits past them stay empty and the merge skips them; values as the
+    reference, NaN-poisoned output, permuted pages."""
+    from tskernels.ops.attention.triton_decode import live_splits
+    gen = torch.Generator().manual_seed(21)
+    kv = make_paged(lens, 16, hkv, 64, torch.float16, None, kernel_device, gen)
+    hq = 4 * hkv
+    plan = attn.decode_plan(kv.page_table, kv.seq_lens, num_q_heads=hq, k_cache=kv.k_cache,
+                            q_dtype=torch.float16, max_seq_len=8192, sliding_window=window,
+                            backend="triton")
+    assert plan.num_splits > 2 and plan.live is not None
+    q = torch.randn(len(lens), hq, 64, generator=gen).to(kernel_device, torch.float16)
+    o = plan.run(q, kv.k_cache, kv.v_cache, out=poisoned_like(q))
+    truth, same = ref_decode(q, kv, sliding_window=window)
+    assert_close(o, truth, baseline=same)
+    lse = plan.partial_lse.view(len(lens), hq, plan.num_splits).cpu()
+    fewer = False
+    for b, length in enumerate(lens):
+        keys = min(length, window) if window else length
+        n = live_splits(keys, plan.num_splits, *plan.live)
+        chunk = -(-(-(-keys // n)) // plan.block_n) * plan.block_n
+        used = -(-keys // chunk) if keys else 0
+        old = -(-keys // (-(-(-(-keys // plan.num_splits)) // plan.block_n) * plan.block_n)) \
+            if keys else 0
+        fewer |= used < old
+        assert (torch.isfinite(lse[b]).sum(-1) == used).all(), (b, keys, n, used)
+    assert fewer  # the case runs on fewer splits than the capacity plan's
+
+
+@pytest.mark.parametrize("batch,hkv,keys", [(1, 8, 176), (1, 8, 4096), (1, 8, 16384),
+                                            (1, 8, 51712), (1, 4, 176), (1, 4, 30000),
+                                            (2, 8, 51712), (4, 8, 9000), (16, 8, 32768)])
+def test_live_split_rule_is_choose_splits(batch, hkv, keys):
+    """With the most splits (64) planned, the live count is choose_splits at the live length
+    (132 SMs, 64-key blocks, the 16-bit caches' long_chunk)."""
+    from tskernels.ops.attention.triton_decode import LONG_CHUNK, live_splits
+    from tskernels.ops.shared.split_kv import MAX_SPLITS, choose_splits
+    base = batch * hkv
+    live = (-(-264 // base), 528 // base, 128, LONG_CHUNK)
+    assert live_splits(keys, MAX_SPLITS, *live) == choose_splits(
+        batch, hkv, keys, 132, 64, long_chunk=LONG_CHUNK)
