@@ -56,28 +56,13 @@ from ..shared.triton_math import LN2, LOG2E, fp8_to_f16, kv_scales, safe_tanh
 LONG_CHUNK = 768  # keys per split below which long contexts stop taking more splits
 
 FUSED_MERGE_MAX_SPLITS = 2
-# The plan sizes its split count for the page table's capacity (no host sync for the live
-# lengths, one grid for a CUDA graph); with LIVE_SPLITS each (request) program computes the
-# count choose_splits would give its live length, at most the plan's, and the splits past it
-# stay empty: a short context in a long-capacity plan (B = 1, 176 keys: 64 splits of ~3 keys)
-# then runs on a few full splits, and the merge reads only the splits that saw keys. Off
-# (None) when a caller or a tuned entry fixed num_splits.
-LIVE_SPLITS = True
-
-
-@triton.jit
-def _live_splits(keys, num_splits, want, sm_cap, MIN_CHUNK: tl.constexpr,
-                 LONG: tl.constexpr):
-    """split_kv.choose_splits for `keys` keys, at most num_splits (the plan's, sized for the
-    capacity); want = its ~2 programs per SM, sm_cap = the most splits its long-context rule
-    allows (4 programs per SM), LONG = its long_chunk (0: none). Mirrored by live_splits."""
-    n = tl.minimum(tl.minimum(num_splits, want), tl.maximum(tl.cdiv(keys, MIN_CHUNK), 1))
-    if LONG > 0:
-        for _ in tl.static_range(6):  # doublings: 1 -> 64 splits at most
-            more = (n < num_splits) & (tl.minimum(2 * n, num_splits) <= sm_cap) \
-                & (keys >= 2 * n * LONG)
-            n = tl.where(more, tl.minimum(2 * n, num_splits), n)
-    return n
+# The split count stays the capacity's (choose_splits at max_seq_len), even for a short live
+# context: sizing it by the live length per run (choose_splits at L inside the kernel, the
+# splits past it empty) was slower on the H100 at every length, B = 1, bf16, d 128, graph
+# replay (benchmarks/RESULTS.md, "Session 27"): Qwen3-30B-A3B heads at 176 keys 6.61 us on 64
+# near-empty splits vs 8.74 on 2 full ones, 1024 keys 7.78 vs 9.61; Qwen3-30B-A3B B = 1
+# serving 2.98 vs 3.09 ms/step. A split's keys are a serial chain of tile loads; 64 one-tile
+# splits and a 64-row merge are shorter than 2 two-tile splits.
 
 
 @triton.jit
@@ -91,9 +76,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
                    IEEE: tl.constexpr, FP8_ASM: tl.constexpr = False,
                    FUSED_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 2,
                    KEYS_M: tl.constexpr = False, Q_FP8: tl.constexpr = False,
-                   PDL: tl.constexpr = False, live_want=1, live_sm_cap=1,
-                   LIVE: tl.constexpr = False, LIVE_MIN: tl.constexpr = 128,
-                   LIVE_LONG: tl.constexpr = 0):
+                   PDL: tl.constexpr = False):
     if PDL:
         gdc_launch_dependents()  # the merge kernel may be scheduled now (it waits for us)
     split = tl.program_id(0)
@@ -104,10 +87,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, ks_ptr, vs_ptr, sink_p
     lo = 0
     if WINDOW:
         lo = tl.maximum(L - window, 0)
-    n_live = num_splits
-    if LIVE:  # choose_splits at the live length (live_splits): the rest of the grid is empty
-        n_live = _live_splits(L - lo, num_splits, live_want, live_sm_cap, LIVE_MIN, LIVE_LONG)
-    chunk = tl.cdiv(tl.cdiv(L - lo, n_live), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(L - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     end = tl.minimum(start + chunk, L)
 
@@ -334,7 +314,6 @@ class DecodePlan(PlanBase):
         self.num_warps = num_warps or tuned.get("num_warps", nw)
         self.num_stages = num_stages or tuned.get("num_stages", ns)
         num_splits = num_splits or tuned.get("num_splits")
-        chosen = num_splits is None  # the split rule's count: live_splits may lower it per run
         self.block_d = max(16, triton.next_power_of_2(head_dim))
         nvidia = dev.type == "cuda" and torch.version.hip is None
         cc = torch.cuda.get_device_capability(dev) if nvidia else (0, 0)
@@ -356,14 +335,9 @@ class DecodePlan(PlanBase):
         self.pdl = nvidia and cc[0] >= 9
         sms = platform_of(dev).num_sms if dev.type == "cuda" else 4
         # more splits over long contexts for 16-bit caches (measured there; fp8 caches not)
-        long_chunk = LONG_CHUNK if kv_dtype != torch.float8_e4m3fn else None
         self.num_splits = num_splits or choose_splits(
-            self.batch, num_kv_heads, max_seq_len, sms, self.block_n, long_chunk=long_chunk)
-        base = max(1, self.batch * num_kv_heads)
-        # (want, sm_cap, min_chunk, long_chunk) of choose_splits, for the kernel's live count
-        self.live = (triton.cdiv(2 * sms, base), 4 * sms // base, max(128, self.block_n),
-                     long_chunk or 0) if chosen and LIVE_SPLITS and self.num_splits > 1 \
-            else None
+            self.batch, num_kv_heads, max_seq_len, sms, self.block_n,
+            long_chunk=LONG_CHUNK if kv_dtype != torch.float8_e4m3fn else None)
         n = self.batch * num_q_heads * self.num_splits
         # split-KV partials merged by the last split program of each (request, KV head)
         # (counted on a per-plan semaphore) instead of a second launch, only when the splits
@@ -415,7 +389,7 @@ class DecodePlan(PlanBase):
             KEYS_M=keys_m, Q_FP8=keys_m and fp8,
             BLOCK_S=max(2, triton.next_power_of_2(self.num_splits)),
             num_warps=self.num_warps,
-            num_stages=self.num_stages, **self.launch_options, **self._live_args())
+            num_stages=self.num_stages, **self.launch_options)
         if split and not self.fused_merge:
             bs = max(2, triton.next_power_of_2(self.num_splits))
             merge_kernel[(self.hq, B)](
@@ -430,26 +404,6 @@ class DecodePlan(PlanBase):
 
 
 
-    def _live_args(self) -> dict:
-        if self.live is None:
-            return {}
-        want, sm_cap, min_chunk, long_chunk = self.live
-        return dict(live_want=want, live_sm_cap=sm_cap, LIVE=True, LIVE_MIN=min_chunk,
-                    LIVE_LONG=long_chunk)
-
-
-def live_splits(keys: int, num_splits: int, want: int, sm_cap: int, min_chunk: int,
-                long_chunk: int) -> int:
-    """The kernel's _live_splits on the host (tests): choose_splits at `keys`, capped by the
-    plan's num_splits."""
-    n = min(num_splits, want, max(1, -(-keys // min_chunk)))
-    if long_chunk > 0:
-        for _ in range(6):
-            if n < num_splits and min(2 * n, num_splits) <= sm_cap and keys >= 2 * n * long_chunk:
-                n = min(2 * n, num_splits)
-    return n
-
-
 def _cases():
     out = []
     strides = ("q_sb", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "pt_sb",
@@ -462,7 +416,6 @@ def _cases():
                "sm_scale": "fp32",
                "softcap": "fp32", "window": "i32", "num_splits": "i32"}
         sig.update({k: "i32" for k in strides})
-        sig.update(live_want="i32", live_sm_cap="i32")
         fp8 = kv_t == "*fp8e4nv"
         for split in (False, True):
             # the forms plans launch: an fp8 cache puts the keys on the M side with q split
@@ -477,8 +430,7 @@ def _cases():
             variants = [(c, None, "")]
             if split:
                 variants = [(dict(c, FUSED_MERGE=True), None, "_fused"), (c, None, ""),
-                            (dict(c, PDL=True, LIVE=True, LIVE_MIN=128,
-                                  LIVE_LONG=0 if fp8 else LONG_CHUNK), nvidia, "_pdl")]
+                            (dict(c, PDL=True), nvidia, "_pdl")]
             if fp8:
                 variants += [(dict(v, FP8_ASM=True), ("sm_90", "sm_120"), sfx + "_ptx")
                              for v, _, sfx in list(variants)]
