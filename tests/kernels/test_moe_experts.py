@@ -278,3 +278,70 @@ def test_direct_chained_equals_plain(kernel_device, t, monkeypatch):
     for _ in range(3):
         x.copy_(torch.randn(x.shape, generator=gen).to(x))
         assert_replays_equal(g, out, plain(), times=1)
+
+
+# ---- the align-free decode path in one launch (triton_direct.FUSED) -----------------------
+FUSED_SMALL = [td.FusedTiles(16, 32, 16, 32, 4, 2, prefetch=False),
+               td.FusedTiles(16, 32, 16, 32, 4, 2, prefetch=True)]
+FUSED_GPU = [td.FusedTiles(), td.FusedTiles(down_n=32, num_warps=8, prefetch=True)]
+
+
+@settings(max_examples=6 if not GPU else 15)
+@given(seed=st.integers(0, 2**16), t=st.sampled_from([1, 2, 5]),
+       dims=st.sampled_from([(32, 16), (48, 40), (64, 48)]), e=st.sampled_from([3, 8]),
+       k=st.sampled_from([1, 2, 4]), act=st.sampled_from(["silu", "gelu"]),
+       pattern=st.sampled_from(["random", "one_expert", "non_local"]),
+       fused=st.sampled_from(FUSED_SMALL))
+def test_direct_fused_small(kernel_device, seed, t, dims, e, k, act, pattern, fused):
+    """The one-launch form (gate-up tickets, then down tickets waiting on their slot's done
+    counter; the down weight prefetched or streamed) vs float64, masked tails, dropped ids; its
+    ticket / finish / slot counters and the down's arrival counters are re-armed after."""
+    h, inter = dims
+    x, w13, w2, w, ids = _problem(t, h, inter, e, min(k, e), torch.float16, kernel_device,
+                                  seed, pattern)
+    keep = td.FUSED
+    td.FUSED = fused
+    try:
+        out = td.direct_experts(x, w13, w2, w, ids, activation=act)
+    finally:
+        td.FUSED = keep
+    want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w.cpu(),
+                             ids.cpu(), activation=act)
+    base = ref.fused_experts(x.cpu().float(), w13.cpu().float(), w2.cpu().float(), w.cpu(),
+                             ids.cpu(), activation=act).to(x.dtype)
+    assert_close(out, want, baseline=base)
+    assert int(td._fused_counters(x.device).abs().sum()) == 0
+    assert int(td._counters(x.device).abs().sum()) == 0
+
+
+@pytest.mark.skipif(not GPU, reason="GPU tier")
+@pytest.mark.parametrize("t", [1, 3, 8])
+@pytest.mark.parametrize("fused", FUSED_GPU, ids=["stream", "prefetch"])
+def test_direct_fused_bf16_qwen3_shape_replays(kernel_device, t, fused, monkeypatch):
+    """The one-launch form at E=128, top-8, hidden 2048, intermediate 768: routing + experts
+    captured in a CUDA graph (PDL chain as shipped), replayed on new inputs three times, each
+    against float64; the counters re-arm themselves between replays."""
+    monkeypatch.setattr(td, "FUSED", fused)
+    x, w13, w2, _, _ = _problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t)
+    logits = torch.randn(t, 128, device=kernel_device)
+
+    def layer():
+        w, ids = moe.topk_softmax(logits, 8, backend="triton")
+        return moe.fused_experts(x, w13, w2, w, ids, backend="triton")
+
+    layer()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = layer()
+    for i in range(3):
+        logits.copy_(torch.randn(t, 128, device=kernel_device))
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        w, ids = ref.topk_softmax(logits.cpu(), 8)
+        want = ref.fused_experts(x.cpu().double(), w13.cpu().double(), w2.cpu().double(), w,
+                                 ids)
+        assert_close(out, want, name=f"replay {i}")
+    assert int(td._fused_counters(x.device).abs().sum()) == 0
+    assert int(td._counters(x.device).abs().sum()) == 0
