@@ -1,14 +1,12 @@
 # Session 26 device stages. Each stage runs under its own limit; 0 (the default) skips it.
 #   DOT_S / DOT_KIND: benchmarks/s26_dot_gpu.py (the persistent tensor-core decode GEMM vs the
 #           split kernel and cuBLAS; DOT_KIND 16bit / fp8 / both)
-#   FUSED_S: benchmarks/s27_moe_fused_gpu.py (the decode MoE in one launch vs the two shipped)
 #   TEST_S / TESTS / TEST_K: a pytest -m gpu run over TESTS (-k TEST_K)
 #   TIER_S / TIER_KERNELS: benchmarks/gpu_tier.py over "kernel=test_file" pairs -> s26_gpu_tier.json
 #   BENCH_S / BENCH_OPS: tskernels-bench OP --graph for each op in BENCH_OPS
 #   AB_S / AB_MODELS / AB_SETS / AB_BATCHES: serve_ab.py per model ("tag:--set a=b|tag2:..." one engine each); AB_EXTRA: more serve_gpu_bench args
 source benchmarks/gpu_setup.sh
 stage dot "${DOT_S:-0}" python benchmarks/s26_dot_gpu.py "$OUT" $(( ${DOT_S:-0} - 40 )) ${DOT_KIND:-both}
-TAIL=16 stage fused "${FUSED_S:-0}" python benchmarks/s27_moe_fused_gpu.py "$OUT" $(( ${FUSED_S:-0} - 40 ))
 TAIL=30 stage tests "${TEST_S:-0}" env OMP_NUM_THREADS=1 python -m pytest -m gpu -q -rfE \
     -p no:cacheprovider -n 4 --timeout 200 ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests/kernels}
 if [ "${TIER_S:-0}" -gt 0 ]; then

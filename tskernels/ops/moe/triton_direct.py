@@ -19,7 +19,10 @@ token (T = 1) that is once; when several of the few tokens share an expert the r
 come from L2 while they run together. The activation row is padded to 16 rows (the smallest
 mma tile), only row 0 is loaded. Ids outside [0, E) contribute nothing (their gate-up program
 exits; the down masks their loads and weight to zero). bf16 / fp16 weights only (block-fp8
-experts take the aligned path). The arrival counters are a per-device buffer the kernels
+experts take the aligned path). Two launches measured faster than one (H100, session 27: a
+single grid of gate-up tickets then down tickets spinning on per-slot done counters, T = 1
+37.6 vs 34.7 us; with the down weight prefetched before the wait 40-47 us), and faster than
+persistent grids (session 26). The arrival counters are a per-device buffer the kernels
 re-zero, so two streams of one device must not run this path concurrently.
 """
 from __future__ import annotations
@@ -184,159 +187,6 @@ def slot_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr
                  tl.sum(p, axis=0).to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-@dataclass(frozen=True)
-class FusedTiles:
-    """One launch for both GEMMs (slot_fused_kernel): gate-up tiles as DirectTiles' up_*, down
-    tiles of down_n hidden columns; prefetch: the down program loads its whole [down_n, I]
-    weight tile before it waits for its slot's activations (else it streams K tiles after)."""
-    up_n: int = 32
-    up_k: int = 128
-    down_n: int = 64
-    down_k: int = 128
-    num_warps: int = 4
-    num_stages: int = 4
-    prefetch: bool = False
-
-
-# None: two launches (gate-up, slot down), as measured best so far; a FusedTiles: one launch
-FUSED: FusedTiles | None = None
-FUSED_SLOTS = 1024  # slot counters of the one-launch form (T x k)
-_fcnt: dict[torch.device, torch.Tensor] = {}
-
-
-@triton.jit
-def slot_fused_kernel(x_ptr, w13_ptr, w2_ptr, ids_ptr, tw_ptr, act_ptr, part_ptr, cnt_ptr,
-                      fc_ptr, out_ptr, E, I, H, S, stride_xt, stride_w1e, stride_w1n,
-                      stride_w2e, stride_w2n, stride_as, stride_ot,
-                      TOP_K: tl.constexpr, GELU: tl.constexpr, UP_N: tl.constexpr,
-                      UP_K: tl.constexpr, DN_N: tl.constexpr, DN_K: tl.constexpr,
-                      KP: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False):
-    """Gate-up and down of the S = T * k routing slots in one grid of S * (up tiles + down
-    tiles) programs. Each program takes a ticket (fc[0]); the first S * up-tiles tickets are
-    gate-up tiles in slot order (slot_gate_up_kernel's work), each counted into its slot's
-    done counter fc[2 + s] (release) once its activations are stored; the rest are down tiles
-    (slot_down_kernel's work, its arrival-counter combine included) in slot order, which wait
-    (acquire) until their slot's gate-up tiles are all done. A down program only waits for
-    tickets taken before its own, by programs already running that never wait, so the grid
-    cannot deadlock at any residency. The down weight does not depend on the gate-up: with
-    PREFETCH the whole [DN_N, I] tile is loaded before the wait, so the two weight streams
-    overlap instead of meeting at a launch boundary. The last program to finish (fc[1])
-    re-arms fc for the next launch (stream-ordered)."""
-    if PDL:  # wait for the routing (ids, weights); dependents may launch now
-        gdc_wait()
-        gdc_launch_dependents()
-    up_tiles = tl.cdiv(I, UP_N)
-    dn_tiles = tl.cdiv(H, DN_N)
-    n_up = S * up_tiles
-    ticket = tl.atomic_add(fc_ptr, 1)
-    r = tl.arange(0, 16)
-    if ticket < n_up:
-        s = ticket // up_tiles
-        e = tl.load(ids_ptr + s).to(tl.int64)
-        ok = (e >= 0) & (e < E)
-        e = tl.where(ok, e, 0)
-        t = (s // TOP_K).to(tl.int64)
-        n = (ticket % up_tiles) * UP_N + tl.arange(0, UP_N)
-        n_ok = n < I
-        k = tl.arange(0, UP_K)
-        a_ptrs = x_ptr + t * stride_xt + r[:, None] * 0 + k[None, :]
-        g_ptrs = w13_ptr + e * stride_w1e + n.to(tl.int64)[None, :] * stride_w1n + k[:, None]
-        u_ptrs = g_ptrs + I * stride_w1n
-        acc_g = tl.zeros((16, UP_N), dtype=tl.float32)
-        acc_u = tl.zeros((16, UP_N), dtype=tl.float32)
-        for kk in range(0, H, UP_K):
-            k_ok = (k < H - kk) & ok
-            a = tl.load(a_ptrs, mask=(r[:, None] == 0) & k_ok[None, :], other=0.0)
-            wm = n_ok[None, :] & k_ok[:, None]
-            bg = tl.load(g_ptrs, mask=wm, other=0.0, eviction_policy="evict_first")
-            bu = tl.load(u_ptrs, mask=wm, other=0.0, eviction_policy="evict_first")
-            acc_g = tl.dot(a, bg, acc_g)
-            acc_u = tl.dot(a, bu, acc_u)
-            a_ptrs += UP_K
-            g_ptrs += UP_K
-            u_ptrs += UP_K
-        if GELU:
-            act = _gelu_tanh(acc_g) * acc_u
-        else:
-            act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-        act = tl.sum(act, axis=0)  # rows 1.. are zero
-        tl.store(act_ptr + s.to(tl.int64) * stride_as + n, act.to(act_ptr.dtype.element_ty),
-                 mask=n_ok)
-        tl.debug_barrier()  # every thread's activations stored before the release
-        tl.atomic_add(fc_ptr + 2 + s, 1, sem="release", scope="gpu")
-    else:
-        d = ticket - n_up
-        s = d // dn_tiles
-        pid_n = d % dn_tiles
-        dt = s // TOP_K
-        e = tl.load(ids_ptr + s).to(tl.int64)
-        ok = (e >= 0) & (e < E)
-        e = tl.where(ok, e, 0)
-        dn = pid_n * DN_N + tl.arange(0, DN_N)
-        dn_ok = dn < H
-        if PREFETCH:
-            kf = tl.arange(0, KP)
-            kf_ok = (kf < I) & ok
-            dw = tl.load(w2_ptr + e * stride_w2e + dn.to(tl.int64)[None, :] * stride_w2n
-                        + kf[:, None], mask=dn_ok[None, :] & kf_ok[:, None], other=0.0,
-                        eviction_policy="evict_first")
-        # wait for this slot's activations (polled with plain volatile loads, then acquired)
-        while tl.load(fc_ptr + 2 + s, volatile=True) < up_tiles:
-            pass
-        tl.atomic_add(fc_ptr + 2 + s, 0, sem="acquire", scope="gpu")
-        if PREFETCH:
-            da = tl.load(act_ptr + s.to(tl.int64) * stride_as + r[:, None] * 0 + kf[None, :],
-                        mask=(r[:, None] == 0) & kf_ok[None, :], other=0.0,
-                        cache_modifier=".cg")
-            dacc = tl.dot(da, dw)
-        else:
-            dk = tl.arange(0, DN_K)
-            da_ptrs = act_ptr + s.to(tl.int64) * stride_as + r[:, None] * 0 + dk[None, :]
-            db_ptrs = w2_ptr + e * stride_w2e + dn.to(tl.int64)[None, :] * stride_w2n \
-                + dk[:, None]
-            dacc = tl.zeros((16, DN_N), dtype=tl.float32)
-            for kk in range(0, I, DN_K):
-                dk_ok = (dk < I - kk) & ok
-                da = tl.load(da_ptrs, mask=(r[:, None] == 0) & dk_ok[None, :], other=0.0,
-                            cache_modifier=".cg")
-                db = tl.load(db_ptrs, mask=dn_ok[None, :] & dk_ok[:, None], other=0.0,
-                            eviction_policy="evict_first")
-                dacc = tl.dot(da, db, dacc)
-                da_ptrs += DN_K
-                db_ptrs += DN_K
-        wt = tl.where(ok, tl.load(tw_ptr + s), 0.0)
-        part = tl.sum(dacc, axis=0) * wt
-        tl.store(part_ptr + s.to(tl.int64) * H + dn, part, mask=dn_ok)
-        tl.debug_barrier()
-        sem = cnt_ptr + dt * dn_tiles + pid_n
-        done = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
-        if done == TOP_K - 1:
-            tl.store(sem, 0)
-            dj = tl.arange(0, TOP_K)
-            drows = (dt * TOP_K + dj).to(tl.int64)
-            dp = tl.load(part_ptr + drows[:, None] * H + dn[None, :], mask=dn_ok[None, :],
-                        other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + dt.to(tl.int64) * stride_ot + dn,
-                     tl.sum(dp, axis=0).to(out_ptr.dtype.element_ty), mask=dn_ok)
-    # the last program of the grid re-arms the ticket, the finish count and the slot counters
-    fin = tl.atomic_add(fc_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if fin == S * (up_tiles + dn_tiles) - 1:
-        tl.store(fc_ptr, 0)
-        tl.store(fc_ptr + 1, 0)
-        for s0 in range(0, S, 128):
-            sl = s0 + tl.arange(0, 128)
-            tl.store(fc_ptr + 2 + sl, tl.zeros((128,), tl.int32), mask=sl < S)
-
-
-def _fused_counters(device: torch.device) -> torch.Tensor:
-    """The one-launch form's ticket, finish count and slot counters (zeroed once; each launch
-    re-arms them)."""
-    c = _fcnt.get(device)
-    if c is None:
-        c = _fcnt[device] = torch.zeros(2 + FUSED_SLOTS, dtype=torch.int32, device=device)
-    return c
-
-
 def _counters(device: torch.device) -> torch.Tensor:
     """The device's arrival counters, zeroed once (allocated on first use, before any graph
     capture that uses them, as the serving warm-up does); the kernel re-zeroes what it used."""
@@ -369,21 +219,6 @@ def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     # (H200, Qwen3-30B-A3B layer: T = 1 27.8 -> 26.7 us with "moe_routing"); the
     # token down stays plain
     chain = pdl.launch_args(x.device) if slot and pdl.chained("moe_direct") else {}
-    fused = FUSED if tiles is None else None
-    if fused is not None and pow2_k and tokens * top_k <= FUSED_SLOTS and \
-            tokens * triton.cdiv(hidden, fused.down_n) <= CNT_ELEMS:
-        chain = pdl.launch_args(x.device) if pdl.chained("moe_direct") else {}
-        part = torch.empty(tokens * top_k, hidden, dtype=torch.float32, device=x.device)
-        slots = tokens * top_k
-        grid = slots * (triton.cdiv(inter, fused.up_n) + triton.cdiv(hidden, fused.down_n))
-        slot_fused_kernel[(grid,)](
-            x, w13, w2, ids, tw, act, part, _counters(x.device), _fused_counters(x.device), out,
-            num_experts, inter, hidden, slots, x.stride(0), w13.stride(0), w13.stride(1),
-            w2.stride(0), w2.stride(1), act.stride(0), out.stride(0), TOP_K=top_k,
-            GELU=activation == "gelu", UP_N=fused.up_n, UP_K=fused.up_k, DN_N=fused.down_n,
-            DN_K=fused.down_k, KP=triton.next_power_of_2(inter), PREFETCH=fused.prefetch,
-            num_warps=fused.num_warps, num_stages=fused.num_stages, **chain)
-        return out
     slot_gate_up_kernel[(tokens * top_k, triton.cdiv(inter, cfg.up_n))](
         x, w13, ids, act, num_experts, inter, hidden, x.stride(0), w13.stride(0),
         w13.stride(1), act.stride(0), TOP_K=top_k, GELU=activation == "gelu",
@@ -420,11 +255,6 @@ def compile_cases() -> list[CompileCase]:
               "part_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "E": "i32",
               "H": "i32", "I": "i32", "stride_as": "i32", "stride_we": "i32",
               "stride_wn": "i32", "stride_ot": "i32"}
-    fu_sig = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "ids_ptr": "*i32",
-              "tw_ptr": "*fp32", "act_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
-              "fc_ptr": "*i32", "out_ptr": "*bf16", "E": "i32", "I": "i32", "H": "i32",
-              "S": "i32", "stride_xt": "i32", "stride_w1e": "i32", "stride_w1n": "i32",
-              "stride_w2e": "i32", "stride_w2n": "i32", "stride_as": "i32", "stride_ot": "i32"}
     return [
         CompileCase(slot_gate_up_kernel, up_sig,
                     dict(TOP_K=8, GELU=False, BLOCK_N=c.up_n, BLOCK_K=c.up_k),
@@ -446,15 +276,6 @@ def compile_cases() -> list[CompileCase]:
                     num_warps=c.down_warps, num_stages=c.down_stages, uses_dot=True,
                     narrow_dot=True, label="direct_slot_down_pdl", targets=pdl.TARGETS,
                     aligned=("stride_as", "stride_we", "stride_wn", "stride_ot")),
-        *(CompileCase(slot_fused_kernel, fu_sig,
-                      dict(TOP_K=8, GELU=False, UP_N=f.up_n, UP_K=f.up_k, DN_N=f.down_n,
-                           DN_K=f.down_k, KP=1024, PREFETCH=f.prefetch, PDL=True),
-                      num_warps=f.num_warps, num_stages=f.num_stages, uses_dot=True,
-                      narrow_dot=True, targets=pdl.TARGETS,
-                      label=f"direct_fused_{'prefetch' if f.prefetch else 'stream'}_pdl",
-                      aligned=("stride_xt", "stride_w1e", "stride_w1n", "stride_w2e",
-                               "stride_w2n", "stride_as", "stride_ot"))
-          for f in (FusedTiles(), FusedTiles(down_n=32, num_warps=8, prefetch=True))),
         CompileCase(token_down_kernel, dn_sig,
                     dict(TOP_K=8, BLOCK_N=t.down_n, BLOCK_K=t.down_k),
                     num_warps=t.down_warps, num_stages=t.down_stages, uses_dot=True,
