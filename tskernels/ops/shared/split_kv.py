@@ -20,17 +20,14 @@ def merge_head(po_ptr, plse_ptr, sink_ptr, o_ptr, b, h, rows, sm, d, o_sb, o_sh,
                 BYPASS_L1: tl.constexpr):
     """o[b, h, d] = sum_s exp(lse_s - M) o_s / (sum_s exp(lse_s - M) + exp(sink - M)) over the
     partial rows `rows` (mask sm; ROW elements apart) and the columns d (< D). BYPASS_L1: read
-    them with .cg (written by other CTAs of the running kernel). A split that saw no key (lse
-    -inf: weight 0) is not read: a short context in a many-split plan reads only its few."""
+    them with .cg (written by other CTAs of the running kernel)."""
     if BYPASS_L1:
         lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"), cache_modifier=".cg")
-        live = sm & (lse > float("-inf"))
-        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=live[:, None],
+        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=sm[:, None],
                      other=0.0, cache_modifier=".cg")
     else:
         lse = tl.load(plse_ptr + rows, mask=sm, other=float("-inf"))
-        live = sm & (lse > float("-inf"))
-        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=live[:, None],
+        po = tl.load(po_ptr + rows[:, None] * ROW + d[None, :], mask=sm[:, None],
                      other=0.0)
     m = tl.max(lse, 0)
     if SINKS:
