@@ -6,6 +6,7 @@ twice (the first launch compiles and warms up; profile the second with --launch-
         python benchmarks/ncu_probe.py decode_fp8      # decode_bf16 | extend | mla
                                                        # | extend_cuda (prefill_wgmma_kernel)
                                                        # | mla_cuda (mla_decode_wgmma_kernel)
+                                                       # | extend_later (paged, NCU_LATER=PxN)
 
 Problems: decode B=128 L=8192 (bf16 or fp8 per-tensor KV; GQA 32/8, d128, page 16), extend
 16384 new tokens causal with their own K/V (tensor descriptors), MLA decode B=64 L=4096.
@@ -57,6 +58,21 @@ def main(which: str) -> None:
         out = torch.empty_like(d["q"])
         run = lambda: plan.run(d["q"], d["kc"], d["vc"], out=out, k=d["knew"],  # noqa: E731
                                v=d["vnew"])
+    elif which == "extend_later":  # the agentic later turn: 50.8k cached + 800 new, paged
+        # (64-slot pages, permuted page table), GQA-packed, the plan's own split (issue 20)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import s15_extend_gpu as s15
+        from tskernels.ops.attention.cuda_extend import CudaExtendPlan
+        shape = os.environ.get("NCU_LATER", "50800x800")
+        pre, new = (int(x) for x in shape.split("x"))
+        indptr, pt, seq, data = s15._problem([pre], [new], torch.Generator().manual_seed(0), 1,
+                                             64)
+        plan = CudaExtendPlan(indptr, pt, seq, num_q_heads=s15.HQ, num_kv_heads=s15.HKV,
+                              head_dim=s15.D, page_size=64, q_dtype=torch.bfloat16,
+                              kv_dtype=torch.bfloat16, scale=s15.D ** -0.5, paged=True,
+                              gqa_pack=True)
+        x = data[0]
+        run = lambda: plan.run(x["q"], x["kc"], x["vc"], out=x["out"])  # noqa: E731
     elif which.startswith("mla"):  # mla (Triton) | mla_cuda (mla_decode_wgmma_kernel)
         from tskernels.bench.cases import mla as M
         if which == "mla_cuda":
