@@ -5,6 +5,7 @@ import torch
 
 from ._common import compute_dtype
 from .gemm import quantize_fp8_per_token_group
+from .norm import fused_add_rmsnorm, rmsnorm
 
 FP8_BLOCK = 128
 
@@ -27,6 +28,33 @@ def topk_softmax(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.float() if dtype != torch.float64 else weights, ids.to(torch.int32)
+
+
+def rmsnorm_router_topk_softmax(
+    x: torch.Tensor, norm_weight: torch.Tensor, gate_weight: torch.Tensor, top_k: int, *,
+    residual: torch.Tensor | None = None, eps: float = 1e-6, renormalize: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """A softmax-routed MoE block's entry: (fused add +) RMSNorm, router projection, top-k.
+
+        residual_out = (x + residual) rounded to x.dtype      (when residual is given)
+        y = rmsnorm(residual_out or x, norm_weight, eps)       (x.dtype)
+        router_logits = y @ gate_weight^T, rounded to x.dtype  (as a plain linear layer does)
+        (weights, ids) = topk_softmax(router_logits, top_k, renormalize)
+
+    Args:
+        x: [T, H]; residual: [T, H] or None; norm_weight: [H]; gate_weight: [E, H].
+    Returns:
+        (y [T, H], residual_out [T, H] or None, weights float32 [T, top_k], ids int32
+        [T, top_k]).
+    """
+    if residual is None:
+        y, res = rmsnorm(x, norm_weight, eps), None
+    else:
+        y, res = fused_add_rmsnorm(x, residual, norm_weight, eps)
+    dtype = compute_dtype(y, gate_weight)
+    logits = (y.to(dtype) @ gate_weight.to(dtype).T).to(x.dtype)
+    weights, ids = topk_softmax(logits, top_k, renormalize=renormalize)
+    return y, res, weights, ids
 
 
 def topk_sigmoid_grouped(

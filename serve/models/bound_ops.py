@@ -32,6 +32,11 @@ FUSE_SILU_DOWN = False
 # the most rows that take the fused form (lower it if the lab script's M = 16 rows lose to
 # the unfused pair)
 FUSE_DECODE_MAX_M = 16
+# a softmax-routed MoE block's post-attention (add +) RMSNorm, router gemv and top-k routing
+# as one launch (moe.rmsnorm_router_topk_softmax) at decode sizes (serve.models.layers
+# DecoderLayer / SoftmaxMoE.fused_route)
+FUSE_MOE_ROUTER = False
+FUSE_MOE_ROUTER_MAX_M = 64
 # the fused kernels are named while they are not run-verified (the registry would pick the
 # reference for them); None once verified.json lists them (the registry's choice)
 FUSED_BACKEND: str | None = "triton"
@@ -101,6 +106,15 @@ def fuse_silu_down(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (FUSE_SILU_DOWN and x.device.type != "cpu" and x.dtype in _FUSED_DTYPES and
             x.shape[0] <= min(FUSE_DECODE_MAX_M, tskernels.gemm.GEMV_MAX_M) and
             _gemv_fits(x, w, None))
+
+
+def fuse_moe_router(x: torch.Tensor, gate) -> bool:
+    """Whether a softmax-routed MoE block takes its post-attention (add +) RMSNorm, router
+    projection and routing as one op for rows x (FUSE_MOE_ROUTER, a GPU, at most
+    FUSE_MOE_ROUTER_MAX_M rows, a plain router weight of x's dtype)."""
+    return (FUSE_MOE_ROUTER and x.device.type != "cpu" and
+            x.shape[0] <= FUSE_MOE_ROUTER_MAX_M and gate.plain() and
+            gate.weight.dtype == x.dtype)
 
 
 def rmsnorm_gemv(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor):

@@ -201,6 +201,17 @@ class SoftmaxMoE(nn.Module):
         w, ids = tskernels.moe.topk_softmax(logits, self.top_k, renormalize=self.renormalize)
         return self.experts(x, w, ids)
 
+    def fuses_route(self, x: torch.Tensor) -> bool:
+        return ops.fuse_moe_router(x, self.gate)
+
+    def fused_route(self, x: torch.Tensor, residual: torch.Tensor | None, norm: "RMSNorm"):
+        """(experts(norm(x + residual)), x + residual) with the add, the norm, the router and
+        the routing in one op (residual None: x is the whole stream)."""
+        y, r, w, ids = tskernels.moe.rmsnorm_router_topk_softmax(
+            x, norm.weight, self.gate.weight, self.top_k, residual=residual, eps=norm.eps,
+            renormalize=self.renormalize)
+        return self.experts(y, w, ids), (x if r is None else r)
+
 
 class Rotary:
     """A cos/sin table [max_position, rotary_dim] and its application to q, k [T, H, D]."""
@@ -309,6 +320,8 @@ class DecoderLayer(nn.Module):
                 ops.fuse_decode(x, mlp.gate_up_proj.weight) and mlp.fusable():
             return mlp.fused_forward(x if residual is None else x + residual,
                                      self.post_attention_layernorm), None
+        if getattr(mlp, "fuses_route", None) is not None and mlp.fuses_route(x):
+            return mlp.fused_route(x, residual, self.post_attention_layernorm)
         if residual is None:
             residual, x = x, self.post_attention_layernorm(x)
         else:

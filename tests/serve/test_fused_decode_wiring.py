@@ -74,3 +74,31 @@ def test_silu_down_alone_matches_unfused(monkeypatch):
     for (gt, glp), (wt, wlp) in zip(got, want):
         assert gt == wt
         assert max(abs(a - b) for a, b in zip(glp, wlp)) < 1e-4, (glp, wlp)
+
+
+def test_fused_moe_router_matches_unfused(monkeypatch):
+    """FUSE_MOE_ROUTER: a softmax-routed MoE block's post-attention add + RMSNorm, router and
+    routing as one op (moe.rmsnorm_router_topk_softmax, the registry's reference on the CPU)
+    at decode sizes: the same greedy tokens and logprobs as the unfused engine."""
+    model = "dummy:tiny-qwen3-moe"
+    x = torch.zeros(1, 8, dtype=torch.bfloat16)
+    assert bound_ops.FUSE_MOE_ROUTER is False
+    gate = type("Gate", (), {"plain": lambda self: True,
+                             "weight": torch.zeros(4, 8, dtype=torch.bfloat16)})()
+    with monkeypatch.context() as m:
+        m.setattr(bound_ops, "FUSE_MOE_ROUTER", True)
+        assert not bound_ops.fuse_moe_router(x, gate)  # never on the CPU
+    want = _run(Engine(model, **KW))
+    calls = []
+    real = tskernels.moe.rmsnorm_router_topk_softmax
+
+    def counted(*a, **kw):
+        calls.append((a[0].shape[0], kw.get("residual") is not None))
+        return real(*a, **kw)
+    monkeypatch.setattr(bound_ops, "fuse_moe_router", lambda x, gate: x.shape[0] <= 16)
+    monkeypatch.setattr(tskernels.moe, "rmsnorm_router_topk_softmax", counted)
+    got = _run(Engine(model, **KW))
+    assert calls and max(n for n, _ in calls) <= 16 and all(r for _, r in calls)
+    for (gt, glp), (wt, wlp) in zip(got, want):
+        assert gt == wt
+        assert max(abs(a - b) for a, b in zip(glp, wlp)) < 1e-4, (glp, wlp)

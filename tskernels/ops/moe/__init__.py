@@ -10,7 +10,8 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import reference, triton_align, triton_experts, triton_routing  # noqa: F401  (register)
+from . import (reference, triton_align, triton_experts, triton_route,  # noqa: F401  (register)
+               triton_routing)
 
 WEIGHT_DTYPES = (torch.float32, torch.float64)
 ACTIVATIONS = ("gelu", "silu")
@@ -44,6 +45,47 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
                   formats={"router_logits": fmt(router_logits.dtype)},
                   traits={"num_experts": num_experts, "top_k": top_k}, backend=backend)
     return kern(router_logits, top_k, renormalize=renormalize)
+
+
+def rmsnorm_router_topk_softmax(x: torch.Tensor, norm_weight: torch.Tensor,
+                                gate_weight: torch.Tensor, top_k: int, *,
+                                residual: torch.Tensor | None = None, eps: float = 1e-6,
+                                renormalize: bool = True, backend: str | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor,
+                                           torch.Tensor]:
+    """A softmax-routed MoE block's entry in one op (one launch on the GPU at decode sizes):
+    the residual add (when `residual` is given) and RMSNorm, the router projection, and
+    softmax top-k routing:
+
+        r = x + residual (rounded to x.dtype);  y = rmsnorm(r or x, norm_weight, eps)
+        router_logits = y @ gate_weight^T (rounded to x.dtype, as a linear layer returns them)
+        (weights, ids) = topk_softmax(router_logits, top_k, renormalize=renormalize)
+
+    x: [T, H] fp32/fp16/bf16, last dim contiguous. residual: [T, H] like x, or None.
+    norm_weight: [H]. gate_weight: [E, H] of x's dtype (a router without bias), last dim
+    contiguous. 1 <= top_k <= E.
+    Returns (y [T, H], r [T, H] or None, weights float32 [T, top_k], ids int32 [T, top_k]);
+    y feeds the experts, r is the residual stream after the add. Ties go to the lower id.
+    """
+    _check.tensor("x", x, ndim=2, dtypes=_check.FLOAT_OR_FP64, contiguous_last=True)
+    tokens, hidden = x.shape
+    _check.optional("residual", residual, shape=(tokens, hidden), dtypes=(x.dtype,),
+                    device=x.device, contiguous_last=True)
+    _check.tensor("norm_weight", norm_weight, ndim=1, dtypes=_check.FLOAT_OR_FP64,
+                  shape=(hidden,), device=x.device)
+    _check.tensor("gate_weight", gate_weight, ndim=2, dtypes=(x.dtype,), shape=(None, hidden),
+                  device=x.device, contiguous_last=True)
+    _check.positive("eps", eps)
+    num_experts = gate_weight.shape[0]
+    _positive_int("top_k", top_k)
+    if top_k > num_experts:
+        raise ValueError(f"top_k: {top_k} exceeds the number of experts ({num_experts})")
+    kern = select("moe", "rmsnorm_router_topk_softmax", device=x.device,
+                  formats={"x": fmt(x.dtype), "norm_weight": fmt(norm_weight.dtype)},
+                  traits={"num_experts": num_experts, "top_k": top_k, "hidden": hidden,
+                          "tokens": tokens}, backend=backend)
+    return kern(x, norm_weight, gate_weight, top_k, residual=residual, eps=eps,
+                renormalize=renormalize)
 
 
 def topk_sigmoid_grouped(router_logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int,

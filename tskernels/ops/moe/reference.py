@@ -12,6 +12,14 @@ def topk_softmax(router_logits, top_k, *, renormalize):
     return ref.topk_softmax(router_logits, top_k, renormalize=renormalize)
 
 
+@register("moe", "rmsnorm_router_topk_softmax", **REF)
+def rmsnorm_router_topk_softmax(x, norm_weight, gate_weight, top_k, *, residual, eps,
+                                renormalize):
+    return ref.rmsnorm_router_topk_softmax(x, norm_weight, gate_weight, top_k,
+                                           residual=residual, eps=eps,
+                                           renormalize=renormalize)
+
+
 @register("moe", "topk_sigmoid_grouped", **REF)
 def topk_sigmoid_grouped(router_logits, correction_bias, top_k, **kw):
     return ref.topk_sigmoid_grouped(router_logits, correction_bias, top_k, **kw)

@@ -11,7 +11,8 @@ The kernels named in CHAIN are launched as programmatic dependents and trigger t
 dependents at program start: RMSNorm / fused add + RMSNorm ("rmsnorm"), SiLU / GELU-mul
 ("act_and_mul"), RoPE ("rope"), the paged K/V store ("store_kv"), the fused q/k norm + RoPE +
 K/V store of decode steps ("rope_store_kv"), the split-KV decode merge ("merge"), the MoE
-routing ("moe_routing") and the decode MoE's align-free gate-up and slot down ("moe_direct";
+routing ("moe_routing"), the one-launch add + RMSNorm + router + routing ("moe_router": it asks
+L2 for its router weight rows before its wait and triggers after it, as the routing does) and the decode MoE's align-free gate-up and slot down ("moe_direct";
 the routing and the gate-up wait before they trigger, so the down may read the routing's ids
 before its own wait), and the six launches of the group-max sampler ("sampler": each triggers
 and waits at its start). Each waits (gdc_wait) before its first load and before any store, so
@@ -44,7 +45,7 @@ from ...platform import platform_of
 # the kernels launched chained (see above), by name; e.g. {"rmsnorm", "act_and_mul", "rope",
 # "store_kv", "merge"}. Any iterable of names (benchmarks/serve_ab.py sets a literal).
 NAMES = ("rmsnorm", "act_and_mul", "rope", "store_kv", "rope_store_kv", "merge", "moe_routing",
-         "moe_direct", "sampler")
+         "moe_router", "moe_direct", "sampler")
 CHAIN: frozenset[str] = frozenset(NAMES)
 # the compile targets of the chained forms (griddepcontrol: sm_90+)
 TARGETS = ("sm_90", "sm_100", "sm_120")
