@@ -42,17 +42,20 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "device": torch.cuda.get_device_name(), "rows": []}
 
-    def unfused(a, r, i):
-        x = ops.mm(a, wo[i])
+    def unfused_x(x, r, i):
         y, r2 = ops.fused_add_rmsnorm(x, r, nw[i].to(bf), 1e-6)
         w, ids = tskernels.moe.topk_softmax(ops.mm(y, gw[i]), K)
         return y, r2, w, ids
 
-    def fused(a, r, i):
-        x = ops.mm(a, wo[i])
-        y, r2, w, ids = tskernels.moe.rmsnorm_router_topk_softmax(
+    def fused_x(x, r, i):
+        return tskernels.moe.rmsnorm_router_topk_softmax(
             x, nw[i].to(bf), gw[i], K, residual=r, eps=1e-6, backend="triton")
-        return y, r2, w, ids
+
+    def unfused(a, r, i):
+        return unfused_x(ops.mm(a, wo[i]), r, i)
+
+    def fused(a, r, i):
+        return fused_x(ops.mm(a, wo[i]), r, i)
 
     for t in (1, 4):
         if time.time() - t0 > budget:
@@ -61,7 +64,11 @@ def main() -> None:
         r = torch.randn(t, H, device=dev, dtype=bf, generator=gen)
         same_ids, y_max = True, 0.0
         for i in range(LAYERS):
-            u, f = unfused(a, r, i), fused(a, r, i)
+            # one o-projection output for both forms: the decode gemv's split-K sums in
+            # arrival order at some row counts, so two calls may differ in the last bit
+            # (session 28's first run tripped on that at T = 4, not on the fused kernel)
+            x = ops.mm(a, wo[i])
+            u, f = unfused_x(x, r, i), fused_x(x, r, i)
             same_ids &= bool(torch.equal(u[3], f[3]))
             y_max = max(y_max, float((u[0].float() - f[0].float()).abs().max()))
             assert torch.equal(u[1], f[1])
