@@ -11,6 +11,7 @@ medians (tskernels.bench.core.time_fn). Writes OUT_DIR/s16_fp8.json, prints a ta
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,11 @@ CUDA_CONFIGS = {
     "shipped": {},  # cuda_fp8_sm90.CONFIG
     "bn256_s4_cb1_g16": dict(block_n=256, stages=4, pipe=False, cbuf=1, group_m=16),
 }
+# a run may name its own: FP8_CONFIGS='{"name": {config}, ...}' (JSON; "shipped" is added
+# first), FP8_OUT the JSON's file name (default s16_fp8.json)
+if os.environ.get("FP8_CONFIGS"):
+    CUDA_CONFIGS = {"shipped": {}, **json.loads(os.environ["FP8_CONFIGS"])}
+OUT_NAME = os.environ.get("FP8_OUT", "s16_fp8.json")
 
 
 def _pairs(cfg) -> int:
@@ -90,7 +96,7 @@ def main() -> None:
                 print(f"{m}x{n}x{k} {name}: {row[f'{name}_error']}")
         rows.append(row)
         del sets
-        (out_dir / "s16_fp8.json").write_text(json.dumps(
+        (out_dir / OUT_NAME).write_text(json.dumps(
             {"copy_roofline_gbps": round(roof, 1), "rows": rows}, indent=1))
     names = ["cublas_blockwise", "triton", *CUDA_CONFIGS]
     print(f"copy roofline {roof:.0f} GB/s; TFLOP/s (ratio to cuBLAS blockwise)")

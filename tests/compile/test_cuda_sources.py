@@ -186,7 +186,10 @@ QGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m
 # GPU tier and the lab script launch
 FP8_CONFIGS = [(256, 3, False, 1, 2, torch.bfloat16), (128, 6, True, 1, 0, torch.float16),
                (256, 4, False, 1, 1, torch.bfloat16), (128, 5, False, 1, 2, torch.bfloat16),
-               (256, 4, False, 2, 1, torch.bfloat16), (128, 6, False, 2, 0, torch.float32)]
+               (256, 4, False, 2, 1, torch.bfloat16), (128, 6, False, 2, 0, torch.float32),
+               (176, 4, False, 1, 2, torch.bfloat16), (192, 4, False, 1, 1, torch.bfloat16),
+               (144, 4, False, 1, 0, torch.float32), (160, 5, False, 1, 2, torch.float16)]
+ONE_PASS_QGMMA = r"\bQGMMA\.64x{}x32\.F32\.E4M3\.E4M3"
 
 
 def test_cuda_fp8_block_mm_compiles(tmp_path):
@@ -211,9 +214,18 @@ def test_cuda_fp8_block_mm_compiles(tmp_path):
                  wgmma=bool(QGMMA.search(text)), tma=bool(TMA.search(text)),
                  smem=fp8.smem_bytes(bn, stages, cbuf))
         rows.append(r)
-        # 4 MMAs per 128-deep K block, per 128-column half (x2 for the pair of temporaries)
-        assert r["wgmma"] and r["tma"] and r["sass_tma"] and r["multicast"] == (cl == 2), r
-        assert r["sass_qgmma"] == (8 if pipe or bn == 256 else 4), r
+        # 4 MMAs per 128-deep K block, per 128-column half (x2 for the pair of temporaries);
+        # a one-pass width: 4 MMAs of m64n{bn}k32 and no 128-wide ones
+        one_pass = bn in fp8.ONE_PASS
+        r["sass_qgmma_wide"] = len(re.findall(ONE_PASS_QGMMA.format(bn), _sass(
+            NVDISASM, tmp_path / "k.cubin"))) if one_pass else 0
+        assert (r["wgmma"] or one_pass) and r["tma"] and r["sass_tma"], r
+        assert r["multicast"] == (cl == 2), r
+        assert r["sass_qgmma"] == (0 if one_pass else 8 if pipe or bn == 256 else 4), r
+        assert r["sass_qgmma_wide"] == (4 if one_pass else 0), r
+        if one_pass:
+            assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k32\.f32\.e4m3"
+                             r"\.e4m3", text), r
         assert r["spill_bytes"] == 0 and not r["serialized"], r["log"]
         assert r["smem"] <= fp8.SMEM_LIMIT and r["tma_store"] == (out != torch.float32), r
     _record("fp8_block_wgmma", rows)

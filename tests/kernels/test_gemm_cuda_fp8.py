@@ -30,7 +30,10 @@ CONFIGS = [dict(), dict(_C, block_n=128, stages=6, pipe=True), dict(_C, block_n=
            dict(_C, block_n=256, stages=4), dict(_C, block_n=256, stages=4, cluster=2),
            dict(_C, block_n=128, stages=6, cluster=2), dict(_C, block_n=256, stages=4, cbuf=1),
            dict(_C, block_n=128, stages=5, cbuf=2), dict(_C, block_n=256, stages=3, cbuf=2),
-           dict(_C, block_n=256, stages=4, cluster=2, cbuf=1)]
+           dict(_C, block_n=256, stages=4, cluster=2, cbuf=1),
+           # one-pass tile widths (scales per 8 columns, the tail columns stored directly)
+           dict(_C, block_n=176, stages=4, cbuf=2), dict(_C, block_n=192, stages=4, cbuf=1),
+           dict(_C, block_n=144, stages=4), dict(_C, block_n=160, stages=5, cbuf=2)]
 
 
 def _problem(m, n, k, seed):

@@ -84,6 +84,21 @@ def test_align_by_expert_triton(kernel_device, seed, t, k, e, block, dtype, patt
         assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
 
 
+@pytest.mark.parametrize("t,k,e,block", [(1100, 8, 128, 64), (700, 3, 5, 16),
+                                         (8200, 8, 128, 64), (600, 8, 256, 128)])
+def test_align_by_expert_many_chunks(kernel_device, t, k, e, block):
+    """The three-launch path past one step of the offsets programs' prefix (8200 x 8 ids:
+    513 chunks), with 2 (e = 5), 16 and 32 offsets programs, a skewed draw (a quarter of the
+    experts take most ids, some none)."""
+    gen = torch.Generator().manual_seed(t + e)
+    hot = torch.randint(0, max(1, e // 4), (t, k), generator=gen)
+    ids = torch.where(torch.rand(t, k, generator=gen) < 0.8, hot,
+                      torch.randint(0, e, (t, k), generator=gen)).to(torch.int32)
+    got = moe.align_by_expert(ids.to(kernel_device), e, block, backend="triton")
+    for g, w in zip(got, ref.align_by_expert(ids, e, block)):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
+
+
 @pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
 def test_routing_and_align_capture_in_a_graph(kernel_device):
     logits = torch.randn(4, 128, device=kernel_device)

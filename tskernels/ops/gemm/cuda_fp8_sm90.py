@@ -43,6 +43,10 @@ SMEM_LIMIT = 232448    # sm_90's opt-in dynamic shared memory per block
 # buffers per consumer, 8 tile rows per group: the best of the measured configs on the H200 at
 # M = 4096 (DeepSeek-V3 shapes) and 8192^3 over two runs (benchmarks/RESULTS.md, "Session 16")
 CONFIG = {"block_n": 256, "stages": 3, "pipe": False, "group_m": 8, "cluster": 1, "cbuf": 2}
+# one-pass tile widths (one m64nBNk32 batch per K block; scales per 8 columns): for N whose
+# 256-wide tiles leave a partial last wave (see choose_config)
+ONE_PASS = (144, 160, 176, 192)
+BLOCK_NS = (128, 256) + ONE_PASS
 
 
 def smem_bytes(block_n: int, stages: int, cbuf: int = 0) -> int:
@@ -66,9 +70,12 @@ def check_config(cfg: dict) -> dict:
     bn, stages = cfg["block_n"], cfg["stages"]
     if cfg["cbuf"] not in (0, 1, 2):
         raise ValueError(f"CUDA fp8 GEMM: cbuf 0, 1 or 2, got {cfg['cbuf']!r}")
-    if bn not in (128, 256) or stages < 2 or smem_bytes(bn, stages, cfg["cbuf"]) > SMEM_LIMIT:
-        raise ValueError(f"CUDA fp8 GEMM: block_n 128 or 256 and 2+ stages within "
+    if bn not in BLOCK_NS or stages < 2 or smem_bytes(bn, stages, cfg["cbuf"]) > SMEM_LIMIT:
+        raise ValueError(f"CUDA fp8 GEMM: block_n one of {BLOCK_NS} and 2+ stages within "
                          f"{SMEM_LIMIT} bytes of shared memory, got {bn}, {stages}")
+    if bn in ONE_PASS and (cfg["pipe"] or cfg["cluster"] != 1):
+        raise ValueError(f"CUDA fp8 GEMM: a one-pass block_n ({bn}) takes no pipe and no "
+                         "cluster")
     if cfg["pipe"] and (bn != 128 or cfg["cluster"] != 1):
         raise ValueError("CUDA fp8 GEMM: pipe needs block_n 128 (three 64-value accumulators) "
                          "and no cluster (it spills there)")
@@ -77,6 +84,44 @@ def check_config(cfg: dict) -> dict:
     if not (isinstance(cfg["group_m"], int) and cfg["group_m"] >= 1):
         raise ValueError(f"CUDA fp8 GEMM: group_m a positive int, got {cfg['group_m']!r}")
     return cfg
+
+
+# a one-pass width's time per K block of a tile relative to a 256-wide tile's, per column
+# (1.0: as fast per column); widths missing here are never chosen automatically. Filled from
+# the side-by-side measurement (benchmarks/RESULTS.md, "Session 29").
+ONE_PASS_COST: dict[int, float] = {}
+ONE_PASS_STAGES = {144: 5, 160: 5, 176: 5, 192: 4}
+
+
+def makespan(m: int, n: int, block_n: int, sms: int) -> float:
+    """The persistent grid's time in 256-wide-tile K-block units: tiles go to CTAs round-robin
+    (tile t to CTA t % grid); a 256-wide tile costs 1, the narrow last column of 256-wide
+    tiles (<= 128 columns: its second half skips its MMAs, it is walked last) 1/2, a one-pass
+    tile block_n / 256 x its ONE_PASS_COST."""
+    tiles_m, tiles_n = -(-m // BLOCK_M), -(-n // block_n)
+    if block_n == 256:
+        narrow = 0 < n % 256 <= 128
+        costs = [1.0] * (tiles_m * (tiles_n - narrow)) + [0.5] * (tiles_m * narrow)
+    else:
+        unit = block_n / 256 * ONE_PASS_COST.get(block_n, 1.0) if block_n in ONE_PASS else \
+            block_n / 256
+        costs = [unit] * (tiles_m * tiles_n)
+    grid = min(len(costs), sms)
+    load = [0.0] * grid
+    for t, c in enumerate(costs):
+        load[t % grid] += c
+    return max(load)
+
+
+def choose_config(m: int, n: int, sms: int) -> dict:
+    """CONFIG, or a one-pass tile width whose measured cost (ONE_PASS_COST) makes the grid's
+    makespan at least 5 % shorter than 256-wide tiles' (the partial last wave of N = 2112)."""
+    best, best_t = CONFIG, makespan(m, n, 256, sms)
+    for bn, cost in ONE_PASS_COST.items():
+        t = makespan(m, n, bn, sms)
+        if t < 0.95 * best_t and (best is CONFIG or t < best_t):
+            best, best_t = {**CONFIG, "block_n": bn, "stages": ONE_PASS_STAGES[bn]}, t
+    return best
 
 
 def _tma_rows(t: torch.Tensor) -> torch.Tensor:
@@ -125,8 +170,10 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     """out [M, N] (bf16 / fp16 / fp32, unit last stride) = the block-scaled product of
     a [M, K] and b [N, K] (e4m3) with a_scale [M, ceil(K / 128)] and b_scale
     [ceil(N / 128), ceil(K / 128)] (float32). config: see CONFIG."""
-    cfg = check_config(config)
     (m, k), n = a.shape, b.shape[0]
+    if config is None and a.device.type == "cuda":
+        config = choose_config(m, n, platform_of(a.device).num_sms)
+    cfg = check_config(config)
     if m == 0 or n == 0:
         return out
     if k == 0:
@@ -157,7 +204,7 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
             ctypes.c_int(-(-k // BLOCK)), ctypes.c_int64(out.stride(0)),
             ctypes.c_int64(a_scale.stride(0)), ctypes.c_int64(b_scale.stride(0)),
             ctypes.c_int(tiles_m), ctypes.c_int(tiles_n), ctypes.c_int(cfg["group_m"]),
-            ctypes.c_int(int(0 < n % bn <= bn // 2 and bn > 128)),
+            ctypes.c_int(int(0 < n % bn <= bn // 2 and bn == 256)),
             ctypes.c_int(int(vec2)), ctypes.c_int(int(tma_c)))
     cuda_driver.launch(fn, grid, THREADS, smem, dev, args)
     return out

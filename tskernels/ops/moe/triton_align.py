@@ -7,8 +7,9 @@ expert's segment lists its flat ids in increasing order (the reference's order, 
 in which the down GEMM's rows come back, which keeps results deterministic).
 
 Small problems (at most SMALL_CHUNKS chunks, all of decode) run in one program that loops over
-the chunks twice; larger ones in three launches: per-chunk counts, one program turning counts
-into segment offsets (and the block -> expert table), and the per-chunk scatter. Every buffer's
+the chunks twice; larger ones in three launches (and a memset): per-chunk counts (added into
+per-expert totals with atomics), E_P / 8 programs turning counts into segment offsets, each
+for 8 experts' columns (and a share of the block -> expert table), and the per-chunk scatter. Every buffer's
 size depends on (T*k, E, block_size) only.
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ from .._common import TRITON
 CHUNK = 128
 SMALL_CHUNKS = 8
 BLOCK_ROWS = 128  # blocks of the block -> expert table written per step
+OFFSET_EXPERTS = 8  # expert columns per program of the offsets pass (E_P / 8 programs)
+OFFSET_ROWS = 512  # chunks per step of an offsets program's prefix (65536 ids at once)
 
 
 def padded_size(numel: int, num_experts: int, block_size: int) -> int:
@@ -100,39 +103,49 @@ def _align_small_kernel(ids_ptr, sorted_ptr, expert_ptr, total_ptr, numel, E, ma
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, sorted_ptr, numel, E, max_padded, fill_per,
+def _count_kernel(ids_ptr, counts_ptr, totals_ptr, sorted_ptr, numel, E, max_padded, fill_per,
                   CHUNK: tl.constexpr, E_P: tl.constexpr):
-    """counts[c, e] of chunk c; also fills this program's share of sorted_ids with the
-    sentinel (the scatter runs in a later launch)."""
+    """counts[c, e] of chunk c, added into totals[e] (zeroed by the caller); also fills this
+    program's share of sorted_ids with the sentinel (the scatter runs in a later launch)."""
     c = tl.program_id(0)
     _, _, hot = _onehot(ids_ptr, c * CHUNK, numel, E, CHUNK, E_P)
-    tl.store(counts_ptr + c * E_P + tl.arange(0, E_P), tl.sum(hot, axis=0))
+    cnt = tl.sum(hot, axis=0)
+    e = tl.arange(0, E_P)
+    tl.store(counts_ptr + c * E_P + e, cnt)
+    tl.atomic_add(totals_ptr + e, cnt, mask=cnt > 0, sem="relaxed")
     lo = c * fill_per
     _fill(sorted_ptr, lo, tl.minimum(lo + fill_per, max_padded), numel, CHUNK)
 
 
 @triton.jit
-def _offsets_kernel(counts_ptr, expert_ptr, total_ptr, n_chunks, max_blocks,
-                    BLOCK: tl.constexpr, E_P: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_ROWS: tl.constexpr):
-    """One program: counts [n_chunks, E_P] -> each chunk's first row per expert (in place)."""
-    e = tl.arange(0, E_P)
-    counts = tl.zeros((E_P,), dtype=tl.int32)
-    for c0 in range(0, n_chunks, ROWS):
-        c = c0 + tl.arange(0, ROWS)
-        tile = tl.load(counts_ptr + c[:, None] * E_P + e[None, :], mask=c[:, None] < n_chunks,
-                       other=0)
-        counts += tl.sum(tile, axis=0)
-    starts, ends, total = _segments(counts, BLOCK)
-    _write_expert_table(expert_ptr, ends, total, max_blocks, BLOCK, E_P, BLOCK_ROWS)
-    tl.store(total_ptr, total)
-    run = starts
+def _offsets_kernel(counts_ptr, totals_ptr, expert_ptr, total_ptr, n_chunks, max_blocks,
+                    blocks_per, BLOCK: tl.constexpr, E_P: tl.constexpr, EB: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Program p: counts [n_chunks, E_P] -> each chunk's first row per expert (in place) for
+    experts [p * EB, (p + 1) * EB), a chunk prefix per expert column; every program derives
+    the segment starts from the totals (E_P values) and writes its share of the
+    block -> expert table. (One program over all experts was a serial chain of 2 x n_chunks /
+    ROWS tile loads: 72 us at 512 chunks on the H200.)"""
+    p = tl.program_id(0)
+    tot = tl.load(totals_ptr + tl.arange(0, E_P))
+    starts, ends, total = _segments(tot, BLOCK)
+    lo = p * blocks_per
+    for b0 in range(lo, tl.minimum(lo + blocks_per, max_blocks), BLOCK_ROWS):
+        b = b0 + tl.arange(0, BLOCK_ROWS)
+        row = b * BLOCK
+        before = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        tl.store(expert_ptr + b, tl.where(row < total, before, -1),
+                 mask=(b < max_blocks) & (b < lo + blocks_per))
+    if p == 0:
+        tl.store(total_ptr, total)
+    e = p * EB + tl.arange(0, EB)
+    run = tl.sum(tl.where(tl.arange(0, E_P)[None, :] == e[:, None], starts[None, :], 0), axis=1)
     for c0 in range(0, n_chunks, ROWS):
         c = c0 + tl.arange(0, ROWS)
         m = c[:, None] < n_chunks
-        tile = tl.load(counts_ptr + c[:, None] * E_P + e[None, :], mask=m, other=0)
-        tl.store(counts_ptr + c[:, None] * E_P + e[None, :],
-                 run[None, :] + tl.cumsum(tile, axis=0) - tile, mask=m)
+        ptrs = counts_ptr + c[:, None] * E_P + e[None, :]
+        tile = tl.load(ptrs, mask=m, other=0)
+        tl.store(ptrs, run[None, :] + tl.cumsum(tile, axis=0) - tile, mask=m)
         run += tl.sum(tile, axis=0)
 
 
@@ -168,12 +181,15 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_size: int):
                                   BLOCK_ROWS=BLOCK_ROWS, num_warps=warps)
         return sorted_ids, expert_ids, total
     counts = torch.empty(n_chunks, e_p, dtype=torch.int32, device=dev)
+    totals = torch.zeros(e_p, dtype=torch.int32, device=dev)
     fill_per = triton.cdiv(triton.cdiv(max_padded, n_chunks), CHUNK) * CHUNK
-    _count_kernel[(n_chunks,)](flat, counts, sorted_ids, numel, num_experts, max_padded,
-                               fill_per, CHUNK=CHUNK, E_P=e_p, num_warps=warps)
-    _offsets_kernel[(1,)](counts, expert_ids, total, n_chunks, max_blocks, BLOCK=block_size,
-                          E_P=e_p, ROWS=max(1, 4096 // e_p), BLOCK_ROWS=BLOCK_ROWS,
-                          num_warps=8)
+    _count_kernel[(n_chunks,)](flat, counts, totals, sorted_ids, numel, num_experts,
+                               max_padded, fill_per, CHUNK=CHUNK, E_P=e_p, num_warps=warps)
+    programs = e_p // OFFSET_EXPERTS
+    blocks_per = triton.cdiv(triton.cdiv(max_blocks, programs), BLOCK_ROWS) * BLOCK_ROWS
+    _offsets_kernel[(programs,)](counts, totals, expert_ids, total, n_chunks, max_blocks,
+                                 blocks_per, BLOCK=block_size, E_P=e_p, EB=OFFSET_EXPERTS,
+                                 ROWS=OFFSET_ROWS, BLOCK_ROWS=BLOCK_ROWS, num_warps=4)
     _scatter_kernel[(n_chunks,)](flat, counts, sorted_ids, numel, num_experts, CHUNK=CHUNK,
                                  E_P=e_p, num_warps=warps)
     return sorted_ids, expert_ids, total
@@ -188,13 +204,14 @@ def _cases():
                                           "max_blocks": "i32"},
                     {"BLOCK": 64, "BLOCK_ROWS": BLOCK_ROWS, **cx}),
         CompileCase(_count_kernel, {"ids_ptr": "*i32", "counts_ptr": "*i32",
-                                    "sorted_ptr": "*i32", "numel": "i32", "E": "i32",
-                                    "max_padded": "i32", "fill_per": "i32"}, cx),
-        CompileCase(_offsets_kernel, {"counts_ptr": "*i32", "expert_ptr": "*i32",
-                                      "total_ptr": "*i32", "n_chunks": "i32",
-                                      "max_blocks": "i32"},
-                    {"BLOCK": 64, "E_P": 128, "ROWS": 32, "BLOCK_ROWS": BLOCK_ROWS},
-                    num_warps=8),
+                                    "totals_ptr": "*i32", "sorted_ptr": "*i32", "numel": "i32",
+                                    "E": "i32", "max_padded": "i32", "fill_per": "i32"}, cx),
+        CompileCase(_offsets_kernel, {"counts_ptr": "*i32", "totals_ptr": "*i32",
+                                      "expert_ptr": "*i32", "total_ptr": "*i32",
+                                      "n_chunks": "i32", "max_blocks": "i32",
+                                      "blocks_per": "i32"},
+                    {"BLOCK": 64, "E_P": 128, "EB": OFFSET_EXPERTS, "ROWS": OFFSET_ROWS,
+                     "BLOCK_ROWS": BLOCK_ROWS}, num_warps=4),
         CompileCase(_scatter_kernel, {"ids_ptr": "*i32", "base_ptr": "*i32",
                                       "sorted_ptr": "*i32", "numel": "i32", "E": "i32"}, cx),
     ]

@@ -29,13 +29,20 @@
 //    already loads the next tile's stages. Direct stores from registers, one 4-byte pair per
 //    thread and row (8 rows x 16 bytes per warp instruction), cost ~2.5 us per tile on the H200
 //    (the per-tile overhead at K = 2048); they remain for fp32 c and unaligned rows.
+// One-pass tiles (-DBN=144 / 160 / 176 / 192): per K block one batch of 4 x wgmma m64nBNk32
+// into a BN / 2-value temporary, promoted column group by column group with the weight scale
+// of the 128-block the group lies in (a tile starts on any 16-column boundary, so it meets up
+// to three). They exist for the wave count: N = 2112 is 8 tiles of 256 plus a 64-wide column
+// (288 tiles on 132 SMs at M = 4096: 2.5 tile-times for 2.06 of work), but exactly 12 tiles of
+// 176 (384 tiles, 3 waves of 0.69 tile-times). The last BN % 64 columns of a tile are stored
+// directly from registers (a 64-column TMA box would write into the next tile).
 // -DCLUSTER=2: CTA pairs (a cluster) take vertically adjacent tiles of one tile column, in
 // lockstep; each CTA's producer loads half of the shared B tile and multicasts it into both
 // CTAs, so a CTA reads A + B / 2 per stage from L2 instead of A + B. A stage is then released
 // by both CTAs' consumers (one elected thread per warpgroup arrives on its own CTA's and on the
 // peer's "empty" barrier), and the pair leaves together. Measured slower than single CTAs on
 // the H200 (L2 traffic was not the limit; benchmarks/RESULTS.md, "Session 16"): kept for sweeps.
-// Options (-D): BN (128 / 256), STAGES, PIPE, CLUSTER (1 / 2), OUT_F16 / OUT_F32. Shared
+// Options (-D): BN (128 / 256; one pass 144 / 160 / 176 / 192), STAGES, PIPE, CLUSTER (1 / 2), OUT_F16 / OUT_F32. Shared
 // helpers (mbarriers, TMA, descriptors, fences): hopper_common.cuh.
 
 #ifndef BN
@@ -44,14 +51,21 @@
 #ifndef STAGES
 #define STAGES (BN == 128 ? 6 : 4)
 #endif
-#if BN != 128 && BN != 256
-#error "BN must be 128 or 256 (whole 128-column weight-scale blocks)"
+#if BN == 128 || BN == 256
+#define ONE_PASS 0                 // whole 128-column weight-scale blocks, one MMA batch each
+#elif BN == 144 || BN == 160 || BN == 176 || BN == 192
+#define ONE_PASS 1                 // one m64nBNk32 batch per K block, scales per 8 columns
+#else
+#error "BN must be 128 or 256, or 144 / 160 / 176 / 192 (one pass)"
 #endif
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
 #if CLUSTER != 1 && CLUSTER != 2
 #error "CLUSTER must be 1 or 2"
+#endif
+#if ONE_PASS && (CLUSTER != 1 || defined(PIPE))
+#error "one-pass BN: no cluster, no PIPE"
 #endif
 #if defined(PIPE) && BN != 128
 #error "PIPE (two temporaries) needs BN = 128 (registers: 3 x 64 accumulators)"
@@ -65,10 +79,11 @@
 #define BM 128                     // tile rows: two consumer warpgroups x 64
 #define BK 128                     // one activation / weight scale block of K per stage
 #define NH (BN / 128)              // 128-column halves of a tile (one weight scale each)
+#define NSC (ONE_PASS ? 3 : NH)    // weight scales a stage carries (one pass: <= 3 blocks)
 #define A_TILE (BM * BK)           // bytes (e4m3)
 #define B_TILE (BN * BK)
 #define STAGE_BYTES (A_TILE + B_TILE)
-#define SC_FLOATS (BM + 8)         // a stage's scales: BM activation, NH weight (padded)
+#define SC_FLOATS (BM + 8)         // a stage's scales: BM activation, NSC weight (padded)
 #ifndef CBUF
 #define CBUF 1                     // 64-column C staging buffers per consumer warpgroup
 #endif
@@ -91,6 +106,53 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128(float* d, u64 da, u64 db, int
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db), "r"(accumulate));
 }
+
+#if ONE_PASS
+// the one-pass tile's MMA: [64 x 32] x [32 x BN] (BN / 2 accumulators per thread)
+#if BN == 144
+__device__ __forceinline__ void wgmma_e4m3_m64n144(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n144k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71}, %72, %73, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
+#if BN == 160
+__device__ __forceinline__ void wgmma_e4m3_m64n160(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}, %80, %81, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
+#if BN == 176
+__device__ __forceinline__ void wgmma_e4m3_m64n176(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}, %88, %89, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
+#if BN == 192
+__device__ __forceinline__ void wgmma_e4m3_m64n192(float* d, u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
+#define wgmma_e4m3_wide(d, da, db, acc) WGMMA_WIDE(BN)(d, da, db, acc)
+#define WGMMA_WIDE(n) WGMMA_WIDE_(n)
+#define WGMMA_WIDE_(n) wgmma_e4m3_m64n##n
+#endif
 
 // TMA store of a {64 columns, 64 rows} box from shared memory (128-byte swizzled by the map),
 // clipped at the tensor's edges; bulk groups let the issuing thread wait until the shared
@@ -203,6 +265,36 @@ __device__ __forceinline__ void promote(float* acc, const float* t, float s0, fl
         acc[4 * i + 3] = fmaf(t[4 * i + 3], s1, acc[4 * i + 3]);
     }
 }
+
+#if ONE_PASS
+// d = 4 MMAs over one 128-deep K block, all BN columns of the tile in one batch
+__device__ __forceinline__ void issue_block_wide(float* d, u32 sa, u32 sb) {
+    fence_regs<BN / 2>(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        wgmma_e4m3_wide(d, desc(sa + kk * 32, 16, 1024), desc(sb + kk * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+}
+
+// acc += t * (row scale x weight scale of the column's 128-block): a one-pass tile starts
+// anywhere on a 16-column boundary, so it meets up to three weight-scale blocks (b0, b1, b2);
+// cut1 / cut2 are the tile columns where the second / third begins. Column group g (tile
+// columns 8 g .. 8 g + 7, values 4 g .. 4 g + 3) lies in one block (BN and cuts are multiples
+// of 16).
+__device__ __forceinline__ void promote_wide(float* acc, const float* t, float a0, float a1,
+                                             float b0, float b1, float b2, int cut1, int cut2) {
+#pragma unroll
+    for (int g = 0; g < BN / 8; ++g) {
+        const float bs = 8 * g < cut1 ? b0 : (8 * g < cut2 ? b1 : b2);
+        const float s0 = a0 * bs, s1 = a1 * bs;
+        acc[4 * g] = fmaf(t[4 * g], s0, acc[4 * g]);
+        acc[4 * g + 1] = fmaf(t[4 * g + 1], s0, acc[4 * g + 1]);
+        acc[4 * g + 2] = fmaf(t[4 * g + 2], s1, acc[4 * g + 2]);
+        acc[4 * g + 3] = fmaf(t[4 * g + 3], s1, acc[4 * g + 3]);
+    }
+}
+#endif
 
 // two adjacent outputs (x: column col, y: col + 1) of row `row`; pair: col + 1 < N and the
 // pair is aligned for one store
@@ -331,8 +423,9 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                         cp_async4(sc + 4 * (lane + 32 * j), a_scale + min(r, M - 1) * as_st + kc,
                                   r < M && kb < KB ? 4 : 0);
                     }
-                    if (lane < NH) {
-                        const int nbk = n0 / 128 + lane;  // weight-scale block of half `lane`
+                    if (lane < NSC) {
+                        // weight-scale block `lane` of the tile (the first holds column n0)
+                        const int nbk = n0 / 128 + lane;
                         cp_async4(sc + 4 * (BM + lane), b_scale + min(nbk, (N - 1) / 128) * bs_st + kc,
                                   nbk * 128 < N && kb < KB ? 4 : 0);
                     }
@@ -348,6 +441,8 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
     float acc[BN / 2];
 #ifdef PIPE
     float ta[64], tb[64];
+#elif ONE_PASS
+    float t[BN / 2];
 #else
     float t[64];
 #endif
@@ -373,6 +468,21 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
             stage_finish<0>(acc, tb, pb0, pb1, bars, it + kb + 1, leader, peer);
         }
         it += KBP;
+#elif ONE_PASS
+        const int cut1 = 128 - (n0 & 127), cut2 = cut1 + 128;
+        for (int kb = 0; kb < KB; ++kb, ++it) {
+            const int s = it % STAGES;
+            mbar_wait_uniform(bars + 8 * s, (it / STAGES) & 1);
+            const float* sc = scales + s * SC_FLOATS;
+            const float a0 = sc[r0], a1 = sc[r0 + 8];
+            const float b0 = sc[BM], b1 = sc[BM + 1], b2 = sc[BM + 2];
+            const u32 st = ring + s * STAGE_BYTES;
+            issue_block_wide(t, st + w * 64 * 128, st + A_TILE);
+            wgmma_wait<0>();
+            fence_regs<BN / 2>(t);
+            release_stage(bars + 8 * (STAGES + s), leader, peer);
+            promote_wide(acc, t, a0, a1, b0, b1, b2, cut1, cut2);
+        }
 #else
         for (int kb = 0; kb < KB; ++kb, ++it) {
             const int s = it % STAGES;
@@ -420,13 +530,22 @@ fp8_block_mm_kernel(const __grid_constant__ TensorMap amap, const __grid_constan
                     bulk_commit();
                 }
             }
-            continue;
+            // a one-pass tile's last BN % 64 columns: direct stores below (a 64-wide box
+            // would write into the next tile's columns)
+            if (BN % 64 == 0) continue;
         }
 #endif
-        // epilogue: acc[4 j + e] is row r0 (e < 2) or r0 + 8, column 8 j + 2 q + (e & 1)
+        // epilogue: acc[4 j + e] is row r0 (e < 2) or r0 + 8, column 8 j + 2 q + (e & 1);
+        // after the TMA-stored chunks, only the columns past them
         const int gr0 = m0 + r0, gr1 = gr0 + 8;
+#if !defined(OUT_F32)
+        const int j0 = tma_c ? 8 * (BN / 64) : 0;
+#else
+        const int j0 = 0;
+#endif
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
+            if (j < j0) continue;
             const int col = n0 + 8 * j + 2 * q;
             if (col < N) {
                 const bool second = col + 1 < N, pair = second && vec2;
