@@ -1,6 +1,7 @@
 """The CUDA block-fp8 GEMM's tile-width choice (cuda_fp8_sm90.makespan / choose_config), on the
-CPU: the wave model's figures for the DeepSeek-V3 shapes, the rule's use of the measured
-one-pass costs (never a width without one), and the configs check_config refuses."""
+CPU: the wave model's figures, the rule's picks on the DeepSeek-V3 shapes as measured (session
+29, H100: benchmarks/RESULTS.md), its use of the cost table only (never a width without an
+entry), and the configs check_config refuses."""
 from __future__ import annotations
 
 import pytest
@@ -11,42 +12,47 @@ SMS = 132
 
 
 def test_makespan_counts_the_partial_wave_of_n2112():
-    # 8 tiles of 256 + a 64-wide column x 32 tile rows: 256 full tiles and 32 half-cost
-    # narrow ones round-robin over 132 CTAs -> CTAs 0..23 run 1 + 1 + 0.5
-    assert fp8.makespan(4096, 2112, 256, SMS) == pytest.approx(2.5)
-    # 12 x 32 one-pass tiles of 176 at cost 1.0: 3 tiles of 176 / 256 on CTAs 0..119
-    old = dict(fp8.ONE_PASS_COST)
-    try:
-        fp8.ONE_PASS_COST.clear()
-        fp8.ONE_PASS_COST[176] = 1.0
-        assert fp8.makespan(4096, 2112, 176, SMS) == pytest.approx(3 * 176 / 256)
-        fp8.ONE_PASS_COST[176] = 1.2
-        assert fp8.makespan(4096, 2112, 176, SMS) == pytest.approx(3 * 176 / 256 * 1.2)
-    finally:
-        fp8.ONE_PASS_COST.clear()
-        fp8.ONE_PASS_COST.update(old)
-    # whole waves of 256-wide tiles: 7168 = 28 x 256, 896 tiles -> CTAs 0..103 run 7
-    assert fp8.makespan(4096, 7168, 256, SMS) == pytest.approx(7)
+    # K = 7168: 56 blocks. 8 tiles of 256 + a 64-wide column x 32 tile rows: 256 full tiles
+    # and 32 half-cost narrow ones round-robin over 132 CTAs -> CTAs 0..23 run 56 + 56 + 28
+    assert fp8.makespan(4096, 2112, 7168, 256, SMS) == pytest.approx(140)
+    # 12 x 32 one-pass tiles of 176: 3 tiles on CTAs 0..119, each 56 x 176 / 256 x c + f
+    assert fp8.makespan(4096, 2112, 7168, 176, SMS, cost=(1.0, 0.0)) == \
+        pytest.approx(3 * 56 * 176 / 256)
+    assert fp8.makespan(4096, 2112, 7168, 176, SMS, cost=(1.2, 2.0)) == \
+        pytest.approx(3 * (56 * 176 / 256 * 1.2 + 2))
+    # whole waves of 256-wide tiles: 7168 = 28 x 256, 896 tiles -> CTAs 0..103 run 7 x 16
+    assert fp8.makespan(4096, 7168, 2048, 256, SMS) == pytest.approx(7 * 16)
+    assert fp8.makespan(0, 7168, 2048, 256, SMS) == 0.0
 
 
-@pytest.mark.parametrize("costs,m,n,want", [
-    ({}, 4096, 2112, 256),                      # no measured one-pass width: never chosen
-    ({176: 1.0}, 4096, 2112, 176),              # 2.06 against 2.5
-    ({176: 1.25}, 4096, 2112, 256),             # 2.58: no gain
-    ({176: 1.0, 192: 1.0}, 4096, 2112, 176),    # 192: 11 x 32 = 352 tiles, 3 x 0.75 = 2.25
-    ({176: 1.0}, 4096, 7168, 256),              # whole waves already: 7 vs 41 x 32 tiles
-    ({176: 1.0}, 4096, 24576, 256),
+# the measured best (or shipped-equal) width per shape, H100, session 29
+@pytest.mark.parametrize("m,n,k,want", [
+    (4096, 2112, 7168, 176), (2048, 2112, 7168, 144), (1024, 2112, 7168, 144),
+    (4096, 7168, 2048, 256), (4096, 24576, 1536, 256), (4096, 7168, 16384, 256),
+    (2048, 7168, 16384, 256), (1024, 7168, 2048, 256), (8192, 8192, 8192, 256),
 ])
-def test_choose_config_takes_a_measured_width_only_where_it_pays(monkeypatch, costs, m, n, want):
-    monkeypatch.setattr(fp8, "ONE_PASS_COST", dict(costs))
-    cfg = fp8.choose_config(m, n, SMS)
+def test_shipped_costs_pick_what_was_measured_faster(m, n, k, want):
+    cfg = fp8.choose_config(m, n, k, SMS)
     assert cfg["block_n"] == want
     fp8.check_config(cfg)  # whatever it picks fits shared memory and is a legal config
     if want != 256:
         assert cfg["stages"] == fp8.ONE_PASS_STAGES[want]
+    else:
+        assert cfg == fp8.CONFIG
+
+
+def test_a_width_without_a_measured_cost_is_never_chosen(monkeypatch):
+    monkeypatch.setattr(fp8, "ONE_PASS_COST", {})
+    assert fp8.choose_config(4096, 2112, 7168, SMS) == fp8.CONFIG
+    monkeypatch.setattr(fp8, "ONE_PASS_COST", {192: (1.0, 0.0)})
+    assert fp8.choose_config(4096, 2112, 7168, SMS)["block_n"] == 192
+    # whole 256-wide columns: never a one-pass width, whatever the model says
+    monkeypatch.setattr(fp8, "ONE_PASS_COST", {176: (0.5, 0.0)})
+    assert fp8.choose_config(2048, 7168, 16384, SMS) == fp8.CONFIG
 
 
 def test_every_one_pass_width_has_a_legal_stage_count():
+    assert set(fp8.ONE_PASS_COST) <= set(fp8.ONE_PASS) == set(fp8.ONE_PASS_STAGES)
     for bn in fp8.ONE_PASS:
         cfg = fp8.check_config({"block_n": bn, "stages": fp8.ONE_PASS_STAGES[bn]})
         assert fp8.smem_bytes(bn, cfg["stages"], cfg["cbuf"]) <= fp8.SMEM_LIMIT

@@ -63,23 +63,6 @@ def test_fused_experts_triton_small(kernel_device, seed, t, dims, e, k, act, pat
     _check(*args, activation=act, tiles=SMALL)
 
 
-@settings(max_examples=6 if not GPU else 12)
-@given(seed=st.integers(0, 2**16), t=st.sampled_from([1, 3, 9]),
-       dims=st.sampled_from([(32, 16), (48, 40), (64, 32)]), e=st.sampled_from([2, 5, 12]),
-       k=st.sampled_from([1, 2, 4]), act=st.sampled_from(["silu", "gelu"]),
-       pattern=st.sampled_from(["random", "one_expert", "non_local"]))
-def test_fused_experts_tma_weights_small(kernel_device, seed, t, dims, e, k, act, pattern):
-    """The descriptor form of the aligned GEMMs (triton_gemm_tma): N and K tails, tiles whose
-    rows run into the next expert's weights, the last expert's past the tensor."""
-    h, inter = dims
-    args = _problem(t, h, inter, e, min(k, e), torch.float16, kernel_device, seed, pattern)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(te, "TMA_WEIGHTS", True)
-        assert te.tma.rows_ok(args[1], args[2]) == (kernel_device == "cpu" or
-                                                     torch.cuda.get_device_capability()[0] >= 9)
-        _check(*args, activation=act, tiles=SMALL)
-
-
 def test_fused_experts_default_tiles(kernel_device):
     """The table's decode tiles (16-row blocks), T < E, through the public op."""
     x, w13, w2, w, ids = _problem(3, 64, 64, 16, 4, torch.float16, kernel_device, 1)
@@ -114,13 +97,6 @@ def test_fused_experts_fp8_blocks(kernel_device, t, e, k, pattern):
     assert_close(out, want.double(), torch.float16)
 
 
-def test_fused_experts_fp8_blocks_tma_weights(kernel_device, monkeypatch):
-    """Block-fp8 weights through the descriptor form (e4m3 tiles, fp8 activations of the
-    down read through a descriptor too)."""
-    monkeypatch.setattr(te, "TMA_WEIGHTS", True)
-    test_fused_experts_fp8_blocks(kernel_device, 5, 4, 2, "random")
-
-
 def test_combine_triton(kernel_device):
     y = torch.randn(7, 3, 40).half()
     w = torch.rand(7, 3)
@@ -135,14 +111,6 @@ def test_combine_triton(kernel_device):
 @pytest.mark.parametrize("pattern", ["random", "one_expert", "non_local"])
 def test_fused_experts_bf16_qwen3_shape(kernel_device, t, pattern):
     """E=128, top-8, hidden 2048, intermediate 768 (Qwen3-30B-A3B), every tile table row."""
-    _check(*_problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t, pattern))
-
-
-@pytest.mark.skipif(not GPU, reason="GPU tier")
-@pytest.mark.parametrize("t", [100, 1000, 5000])
-@pytest.mark.parametrize("pattern", ["random", "one_expert"])
-def test_fused_experts_bf16_qwen3_shape_tma_weights(kernel_device, t, pattern, monkeypatch):
-    monkeypatch.setattr(te, "TMA_WEIGHTS", True)
     _check(*_problem(t, 2048, 768, 128, 8, torch.bfloat16, kernel_device, t, pattern))
 
 

@@ -6,7 +6,9 @@ What it adds over the Triton kernel: every K block's product is scaled before it
 accumulator; Triton 3.6 on sm_90 waits for each wgmma and promotes with the tensor cores idle,
 while here a producer warpgroup feeds a TMA ring and two consumer warpgroups alternate MMAs and
 promotion (the source's header has the design). Auto-selected only above 64 rows (`prefer`):
-decode rows stream the weight through the Triton split-K kernel.
+decode rows stream the weight through the Triton split-K kernel. Tile width: [128 x 256]
+(CONFIG), or a one-pass width (144-192, `choose_config`) where 256-wide tiles leave a narrow
+last column and the wave model says it pays (N = 2112 at M = 1024-4096: 1.12-1.29x).
 
 Compiled at first use with NVRTC for sm_90a, launched with the driver API on torch's current
 stream; the operands' TMA descriptors are encoded on the host per call (no device work, no
@@ -86,40 +88,52 @@ def check_config(cfg: dict) -> dict:
     return cfg
 
 
-# a one-pass width's time per K block of a tile relative to a 256-wide tile's, per column
-# (1.0: as fast per column); widths missing here are never chosen automatically. Filled from
-# the side-by-side measurement (benchmarks/RESULTS.md, "Session 29").
-ONE_PASS_COST: dict[int, float] = {}
+# one-pass widths' cost model: (c, f) per width, a tile costing K blocks x block_n / 256 x c +
+# f in 256-wide-tile K-block times (a 256-wide tile: K blocks + 0, its narrow last column half
+# of its K blocks). Fitted on the H100 (2026-12-07, benchmarks/RESULTS.md "Session 29": 13
+# shapes, M 1024-8192, each width beside the shipped config); a width missing here is never
+# chosen automatically.
+ONE_PASS_COST: dict[int, tuple[float, float]] = {176: (1.03, 1.5), 192: (0.98, 0.75),
+                                                 160: (1.07, 0.5), 144: (1.13, 0.25)}
 ONE_PASS_STAGES = {144: 5, 160: 5, 176: 5, 192: 4}
+# a one-pass width is considered only where 256-wide tiles leave a narrow last column (N % 256
+# in (0, 128]: what it removes), and taken where the model gives it at most this much of 256's
+# makespan. Where whole 256-wide columns only lose a wave count the model's gains did not
+# appear: 2048 x 7168 x 16384, modelled 0.90 for 176, ran 9 % slower.
+ONE_PASS_GAIN = 0.9
 
 
-def makespan(m: int, n: int, block_n: int, sms: int) -> float:
+def makespan(m: int, n: int, k: int, block_n: int, sms: int,
+             cost: tuple[float, float] | None = None) -> float:
     """The persistent grid's time in 256-wide-tile K-block units: tiles go to CTAs round-robin
-    (tile t to CTA t % grid); a 256-wide tile costs 1, the narrow last column of 256-wide
-    tiles (<= 128 columns: its second half skips its MMAs, it is walked last) 1/2, a one-pass
-    tile block_n / 256 x its ONE_PASS_COST."""
+    (tile t to CTA t % grid); see ONE_PASS_COST for a tile's cost (`cost` overrides it)."""
+    kb = -(-k // BLOCK)
     tiles_m, tiles_n = -(-m // BLOCK_M), -(-n // block_n)
+    if tiles_m * tiles_n == 0:
+        return 0.0
     if block_n == 256:
         narrow = 0 < n % 256 <= 128
-        costs = [1.0] * (tiles_m * (tiles_n - narrow)) + [0.5] * (tiles_m * narrow)
+        costs = [float(kb)] * (tiles_m * (tiles_n - narrow)) + [kb / 2] * (tiles_m * narrow)
     else:
-        unit = block_n / 256 * ONE_PASS_COST.get(block_n, 1.0) if block_n in ONE_PASS else \
-            block_n / 256
-        costs = [unit] * (tiles_m * tiles_n)
+        c, f = cost or ONE_PASS_COST.get(block_n, (1.0, 0.0))
+        costs = [kb * block_n / 256 * c + f] * (tiles_m * tiles_n)
     grid = min(len(costs), sms)
     load = [0.0] * grid
-    for t, c in enumerate(costs):
-        load[t % grid] += c
+    for t, x in enumerate(costs):
+        load[t % grid] += x
     return max(load)
 
 
-def choose_config(m: int, n: int, sms: int) -> dict:
-    """CONFIG, or a one-pass tile width whose measured cost (ONE_PASS_COST) makes the grid's
-    makespan at least 5 % shorter than 256-wide tiles' (the partial last wave of N = 2112)."""
-    best, best_t = CONFIG, makespan(m, n, 256, sms)
-    for bn, cost in ONE_PASS_COST.items():
-        t = makespan(m, n, bn, sms)
-        if t < 0.95 * best_t and (best is CONFIG or t < best_t):
+def choose_config(m: int, n: int, k: int, sms: int) -> dict:
+    """CONFIG, or, where 256-wide tiles leave a narrow last column (N = 2112), the one-pass
+    tile width (ONE_PASS_COST) with the shortest modelled makespan if that is at most
+    ONE_PASS_GAIN of 256-wide tiles'."""
+    best, best_t = CONFIG, ONE_PASS_GAIN * makespan(m, n, k, 256, sms)
+    if not 0 < n % 256 <= 128:
+        return best
+    for bn in ONE_PASS_COST:
+        t = makespan(m, n, k, bn, sms)
+        if t <= best_t:
             best, best_t = {**CONFIG, "block_n": bn, "stages": ONE_PASS_STAGES[bn]}, t
     return best
 
@@ -171,13 +185,15 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     a [M, K] and b [N, K] (e4m3) with a_scale [M, ceil(K / 128)] and b_scale
     [ceil(N / 128), ceil(K / 128)] (float32). config: see CONFIG."""
     (m, k), n = a.shape, b.shape[0]
-    if config is None and a.device.type == "cuda":
-        config = choose_config(m, n, platform_of(a.device).num_sms)
-    cfg = check_config(config)
     if m == 0 or n == 0:
+        check_config(config)
         return out
     if k == 0:
+        check_config(config)
         return out.zero_()
+    if config is None and a.device.type == "cuda":
+        config = choose_config(m, n, k, platform_of(a.device).num_sms)
+    cfg = check_config(config)
     dev = a.device
     if dev.type != "cuda" or out.stride(1) != 1:
         raise ValueError("CUDA fp8 GEMM: CUDA tensors and an output with unit last stride")

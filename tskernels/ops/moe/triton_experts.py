@@ -22,13 +22,8 @@ from . import _tune
 from . import triton_direct
 from .triton_align import align
 from .triton_gemm import combine_kernel, down_kernel, gate_up_kernel
-from .triton_gemm_tma import down_tma_kernel, gate_up_tma_kernel
-from ..shared import tma
 
 FP8_BLOCK = 128
-# the aligned path's GEMMs with the weights (and the down's activations) read through tensor
-# descriptors (triton_gemm_tma): off until measured faster on the GPU
-TMA_WEIGHTS = False
 
 
 @dataclass(frozen=True)
@@ -146,36 +141,18 @@ def experts(x, w13, w2, topk_weights, topk_ids, *, activation="silu", w13_scale=
     else:
         xq, xs, w13s, w2s, acts = x, x, x, x, x
         scale_args = (0, 0, 0, 0)
-    use_tma = TMA_WEIGHTS and tma.rows_ok(w13, w2, act)
-    if use_tma:
-        tma.ensure_allocator()
-        gate_up_tma_kernel[(num_m * triton.cdiv(inter, cfg.up_n),)](
-            xq, w13, act, xs, w13s, acts, sorted_ids, expert_ids, total, numel, num_m, inter,
-            hidden, num_experts * two_inter, xq.stride(0), w13.stride(1), act.stride(0),
-            *scale_args, TOP_K=top_k, FP8=fp8, GELU=activation == "gelu", BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.up_n, BLOCK_K=cfg.up_k, GROUP_M=cfg.group_m, num_warps=cfg.up_warps,
-            num_stages=cfg.up_stages, **opts)
-        down_tma_kernel[(num_m * triton.cdiv(hidden, cfg.down_n),)](
-            act, w2, y, acts, w2s, weights, sorted_ids, expert_ids, total, numel, num_m, hidden,
-            inter, max_padded, num_experts * hidden, act.stride(0), w2.stride(1), y.stride(0),
-            acts.stride(0) if fp8 else 0, w2s.stride(0) if fp8 else 0,
-            w2s.stride(1) if fp8 else 0, FP8=fp8, BLOCK_M=cfg.block_m, BLOCK_N=cfg.down_n,
-            BLOCK_K=cfg.down_k, GROUP_M=cfg.group_m, num_warps=cfg.down_warps,
-            num_stages=cfg.down_stages, **opts)
-    else:
-        gate_up_kernel[(num_m * triton.cdiv(inter, cfg.up_n),)](
-            xq, w13, act, xs, w13s, acts, sorted_ids, expert_ids, total, numel, num_m, inter,
-            hidden, xq.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *scale_args,
-            TOP_K=top_k, FP8=fp8, GELU=activation == "gelu", BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.up_n, BLOCK_K=cfg.up_k, GROUP_M=cfg.group_m, num_warps=cfg.up_warps,
-            num_stages=cfg.up_stages, **opts)
-        down_kernel[(num_m * triton.cdiv(hidden, cfg.down_n),)](
-            act, w2, y, acts, w2s, weights, sorted_ids, expert_ids, total, numel, num_m,
-            hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-            acts.stride(0) if fp8 else 0, w2s.stride(0) if fp8 else 0,
-            w2s.stride(1) if fp8 else 0, FP8=fp8, BLOCK_M=cfg.block_m, BLOCK_N=cfg.down_n,
-            BLOCK_K=cfg.down_k, GROUP_M=cfg.group_m, num_warps=cfg.down_warps,
-            num_stages=cfg.down_stages, **opts)
+    gate_up_kernel[(num_m * triton.cdiv(inter, cfg.up_n),)](
+        xq, w13, act, xs, w13s, acts, sorted_ids, expert_ids, total, numel, num_m, inter,
+        hidden, xq.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *scale_args,
+        TOP_K=top_k, FP8=fp8, GELU=activation == "gelu", BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.up_n, BLOCK_K=cfg.up_k, GROUP_M=cfg.group_m, num_warps=cfg.up_warps,
+        num_stages=cfg.up_stages, **opts)
+    down_kernel[(num_m * triton.cdiv(hidden, cfg.down_n),)](
+        act, w2, y, acts, w2s, weights, sorted_ids, expert_ids, total, numel, num_m, hidden,
+        inter, act.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        acts.stride(0) if fp8 else 0, w2s.stride(0) if fp8 else 0, w2s.stride(1) if fp8 else 0,
+        FP8=fp8, BLOCK_M=cfg.block_m, BLOCK_N=cfg.down_n, BLOCK_K=cfg.down_k,
+        GROUP_M=cfg.group_m, num_warps=cfg.down_warps, num_stages=cfg.down_stages, **opts)
     # rows of y whose id is not a local expert were never written: the combine skips them
     _combine(y.view(tokens, top_k, hidden), None, out, ids=_contig(topk_ids),
              num_experts=num_experts)
@@ -224,30 +201,7 @@ def _cases():
                                                   if t in nvidia)) for c in cases]
     for arch in CDNA_TABLES:  # the CDNA tables, with their launch knobs
         _aligned_cases(cases, up_sig, up_fp8, dn_sig, dn_fp8, up_al, dn_al, arch)
-    return cases + _tma_cases(up_sig, dn_sig) + triton_direct.compile_cases()
-
-
-def _tma_cases(up_sig, dn_sig):
-    """The descriptor forms (triton_gemm_tma) at the prefill tiles, on the NVIDIA targets with
-    TMA (the weights' 2-D row counts replace the expert strides)."""
-    t = tiles_for(8192, False)
-    up = {k: v for k, v in up_sig.items() if k != "stride_we"}
-    up["W_ROWS"] = "i32"
-    dn = {k: v for k, v in dn_sig.items() if k != "stride_we"}
-    dn.update(A_ROWS="i32", W_ROWS="i32")
-    targets = tuple(x for x in TRITON["compiled"] if x in ("sm_90", "sm_100"))
-    return [CompileCase(gate_up_tma_kernel, up, dict(TOP_K=8, FP8=False, GELU=False,
-                                                     BLOCK_M=t.block_m, BLOCK_N=t.up_n,
-                                                     BLOCK_K=t.up_k, GROUP_M=t.group_m),
-                        num_warps=t.up_warps, num_stages=t.up_stages, uses_dot=True,
-                        label="prefill_tma", aligned=("stride_xt", "stride_wn", "stride_ar"),
-                        targets=targets),
-            CompileCase(down_tma_kernel, dn, dict(FP8=False, BLOCK_M=t.block_m,
-                                                  BLOCK_N=t.down_n, BLOCK_K=t.down_k,
-                                                  GROUP_M=t.group_m),
-                        num_warps=t.down_warps, num_stages=t.down_stages, uses_dot=True,
-                        label="prefill_tma", aligned=("stride_ar", "stride_wn", "stride_yf"),
-                        targets=targets)]
+    return cases + triton_direct.compile_cases()
 
 
 def _aligned_cases(cases, up_sig, up_fp8, dn_sig, dn_fp8, up_al, dn_al, arch):
