@@ -65,3 +65,24 @@ def test_every_one_pass_width_has_a_legal_stage_count():
 def test_check_config_refuses(bad):
     with pytest.raises(ValueError, match="CUDA fp8 GEMM"):
         fp8.check_config(bad)
+
+
+def test_empty_problems_return_before_the_tile_choice(monkeypatch):
+    """M = 0 / N = 0 return the (empty) output and K = 0 zeros, without the wave model (which
+    has no tiles to place: the GPU tier's zero-size test failed there in session 29) or a
+    launch; a bad config is still refused."""
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("the tile choice ran on an empty problem")
+    monkeypatch.setattr(fp8, "choose_config", boom)
+    e4 = torch.float8_e4m3fn
+    a, b = torch.zeros(3, 256, dtype=e4), torch.zeros(256, 256, dtype=e4)
+    sa, sb = torch.ones(3, 2), torch.ones(2, 2)
+    out = torch.full((0, 256), float("nan"), dtype=torch.bfloat16)
+    assert fp8.run(a[:0], sa[:0], b, sb, out) is out
+    out = torch.full((3, 256), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(fp8.run(a[:, :0], sa[:, :0], b[:, :0], sb[:, :0], out),
+                       torch.zeros(3, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="CUDA fp8 GEMM"):
+        fp8.run(a[:0], sa[:0], b, sb, torch.empty(0, 256), {"block_n": 200})
