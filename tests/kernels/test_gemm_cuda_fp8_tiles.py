@@ -5,10 +5,19 @@ entry), and the configs check_config refuses."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tskernels.ops.gemm import cuda_fp8_sm90 as fp8
 
 SMS = 132
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choice_cache():
+    """choose_config caches per shape; tests that patch its tables must not see old picks."""
+    fp8.choose_config.cache_clear()
+    yield
+    fp8.choose_config.cache_clear()
 
 
 def test_makespan_counts_the_partial_wave_of_n2112():
@@ -45,9 +54,11 @@ def test_a_width_without_a_measured_cost_is_never_chosen(monkeypatch):
     monkeypatch.setattr(fp8, "ONE_PASS_COST", {})
     assert fp8.choose_config(4096, 2112, 7168, SMS) == fp8.CONFIG
     monkeypatch.setattr(fp8, "ONE_PASS_COST", {192: (1.0, 0.0)})
+    fp8.choose_config.cache_clear()
     assert fp8.choose_config(4096, 2112, 7168, SMS)["block_n"] == 192
     # whole 256-wide columns: never a one-pass width, whatever the model says
     monkeypatch.setattr(fp8, "ONE_PASS_COST", {176: (0.5, 0.0)})
+    fp8.choose_config.cache_clear()
     assert fp8.choose_config(2048, 7168, 16384, SMS) == fp8.CONFIG
 
 
@@ -71,8 +82,6 @@ def test_empty_problems_return_before_the_tile_choice(monkeypatch):
     """M = 0 / N = 0 return the (empty) output and K = 0 zeros, without the wave model (which
     has no tiles to place: the GPU tier's zero-size test failed there in session 29) or a
     launch; a bad config is still refused."""
-    import torch
-
     def boom(*a, **k):
         raise AssertionError("the tile choice ran on an empty problem")
     monkeypatch.setattr(fp8, "choose_config", boom)

@@ -22,6 +22,7 @@ e4m3 warpgroup MMAs (QGMMA) and TMA copies in the SASS; the GPU tier
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -106,31 +107,36 @@ ONE_PASS_GAIN = 0.9
 def makespan(m: int, n: int, k: int, block_n: int, sms: int,
              cost: tuple[float, float] | None = None) -> float:
     """The persistent grid's time in 256-wide-tile K-block units: tiles go to CTAs round-robin
-    (tile t to CTA t % grid); see ONE_PASS_COST for a tile's cost (`cost` overrides it)."""
+    (tile t to CTA t % grid); see ONE_PASS_COST for a tile's cost (`cost` overrides it).
+    Counted per CTA (at most `sms` of them), not per tile: it runs at every launch."""
     kb = -(-k // BLOCK)
     tiles_m, tiles_n = -(-m // BLOCK_M), -(-n // block_n)
-    if tiles_m * tiles_n == 0:
+    tiles = tiles_m * tiles_n
+    if tiles == 0:
         return 0.0
-    if block_n == 256:
+    if block_n == 256:  # the narrow last column's tiles come last, at half the K blocks
         narrow = 0 < n % 256 <= 128
-        costs = [float(kb)] * (tiles_m * (tiles_n - narrow)) + [kb / 2] * (tiles_m * narrow)
+        wide, unit, tail = tiles_m * (tiles_n - narrow), float(kb), kb / 2
     else:
         c, f = cost or ONE_PASS_COST.get(block_n, (1.0, 0.0))
-        costs = [kb * block_n / 256 * c + f] * (tiles_m * tiles_n)
-    grid = min(len(costs), sms)
-    load = [0.0] * grid
-    for t, x in enumerate(costs):
-        load[t % grid] += x
-    return max(load)
+        wide, unit, tail = tiles, kb * block_n / 256 * c + f, 0.0
+    grid = min(tiles, sms)
+
+    def count(hi: int, i: int) -> int:  # tiles t < hi with t % grid == i
+        return max(0, (hi - i + grid - 1) // grid)
+    return max(count(wide, i) * unit + (count(tiles, i) - count(wide, i)) * tail
+               for i in range(grid))
 
 
+@functools.lru_cache(maxsize=256)
 def choose_config(m: int, n: int, k: int, sms: int) -> dict:
     """CONFIG, or, where 256-wide tiles leave a narrow last column (N = 2112), the one-pass
     tile width (ONE_PASS_COST) with the shortest modelled makespan if that is at most
-    ONE_PASS_GAIN of 256-wide tiles'."""
-    best, best_t = CONFIG, ONE_PASS_GAIN * makespan(m, n, k, 256, sms)
+    ONE_PASS_GAIN of 256-wide tiles'. Cached per shape (a launch's host path; callers do not
+    mutate the dict)."""
     if not 0 < n % 256 <= 128:
-        return best
+        return CONFIG
+    best, best_t = CONFIG, ONE_PASS_GAIN * makespan(m, n, k, 256, sms)
     for bn in ONE_PASS_COST:
         t = makespan(m, n, k, bn, sms)
         if t <= best_t:
@@ -185,12 +191,9 @@ def run(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.
     a [M, K] and b [N, K] (e4m3) with a_scale [M, ceil(K / 128)] and b_scale
     [ceil(N / 128), ceil(K / 128)] (float32). config: see CONFIG."""
     (m, k), n = a.shape, b.shape[0]
-    if m == 0 or n == 0:
+    if m == 0 or n == 0 or k == 0:  # before the tile choice: no tiles to place
         check_config(config)
-        return out
-    if k == 0:
-        check_config(config)
-        return out.zero_()
+        return out if m == 0 or n == 0 else out.zero_()
     if config is None and a.device.type == "cuda":
         config = choose_config(m, n, k, platform_of(a.device).num_sms)
     cfg = check_config(config)
