@@ -7,6 +7,8 @@ twice (the first launch compiles and warms up; profile the second with --launch-
                                                        # | extend_cuda (prefill_wgmma_kernel)
                                                        # | mla_cuda (mla_decode_wgmma_kernel)
                                                        # | extend_later (paged, NCU_LATER=PxN)
+                                                       # | fp8_cuda[_MxNxK] (fp8_block_mm_kernel;
+                                                       #   or NCU_FP8=MxNxK; NCU_FP8_CFG=JSON)
 
 Problems: decode B=128 L=8192 (bf16 or fp8 per-tensor KV; GQA 32/8, d128, page 16), extend
 16384 new tokens causal with their own K/V (tensor descriptors), MLA decode B=64 L=4096.
@@ -84,6 +86,16 @@ def main(which: str) -> None:
         d = M._prepare(M._make(shape, "cuda", gen))
         run = lambda: d["plan"].run(d["q"], d["cache"], kv_scale=d.get("scale"),  # noqa: E731
                                     out=d["out"])
+    elif which.startswith("fp8_cuda"):  # the CUDA block-fp8 GEMM; fp8_cuda_MxNxK: that shape
+        import json
+        from tskernels.bench.cases import gemm as G
+        from tskernels.ops.gemm import cuda_fp8_sm90 as cf
+        shape = which[len("fp8_cuda_"):] or os.environ.get("NCU_FP8", "4096x7168x16384")
+        m, n, k = (int(x) for x in shape.split("x"))
+        d = G._fp8_make({"M": m, "N": n, "K": k}, "cuda", gen)
+        o = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        cfg = json.loads(os.environ["NCU_FP8_CFG"]) if os.environ.get("NCU_FP8_CFG") else None
+        run = lambda: cf.run(d["a"], d["sa"], d["b"], d["sb"], o, cfg)  # noqa: E731
     else:
         raise SystemExit(f"unknown problem {which}")
     for _ in range(2):
