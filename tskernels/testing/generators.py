@@ -459,6 +459,40 @@ def _topk_softmax(gen, dtype, size):
                 outputs=_ids_out, tol_dtype=torch.float32, label=f"topk_softmax {t}x{e} k{k}")
 
 
+@problem_generator("moe", "rmsnorm_router_topk_softmax")
+def _rmsnorm_router_topk_softmax(gen, dtype, size):
+    """(add +) RMSNorm, router projection, softmax top-k, with ids that rounding cannot change.
+    The tokens share a direction v, and the gate is a_e v / h plus noise, so a token's logits
+    are ~a_e: k preferred experts (a = 4, 4.5, ...) above the rest (a in [-2, 2]), in a random
+    order of experts. A draw is kept when the float64 chain's k + 1 best logits of every token
+    lie apart by 3 % of the largest (the op rounds y and the logits to x's dtype; bf16's step is
+    0.8 %): the top-k set and its order by weight have one right answer."""
+    t, h, e, k = ((_pick(gen, (0, 1, 3, 17)), _pick(gen, (32, 200)), _pick(gen, (8, 60)), 4)
+                  if size == "small" else (_pick(gen, (1, 64)), 2048, 128, 8))
+    with_res = bool(torch.randint(2, (1,), generator=gen))
+    renorm = bool(torch.randint(2, (1,), generator=gen))
+    for _ in range(50):
+        v = torch.randn(h, generator=gen)
+        x = (1.5 * v + 0.5 * torch.randn(t, h, generator=gen)).to(dtype)
+        res = (0.3 * torch.randn(t, h, generator=gen)).to(dtype) if with_res else None
+        nw = torch.rand(h, generator=gen) + 0.5
+        a = torch.cat([4 + 0.5 * torch.arange(k), torch.rand(e - k, generator=gen) * 4 - 2])
+        a = a[torch.randperm(e, generator=gen)]
+        gw = (a[:, None] * (v / nw)[None, :] / h +
+              0.05 * torch.randn(e, h, generator=gen) * h ** -0.5).to(dtype)
+        r = x.double() + res.double() if with_res else x.double()
+        y = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+        top = (y @ gw.double().T).sort(dim=-1, descending=True).values[:, :k + 1]
+        if t == 0 or bool((top[:, :-1] - top[:, 1:] > 0.03 * top.abs().max()).all()):
+            break
+    else:
+        raise RuntimeError("rmsnorm_router_topk_softmax: no separated draw in 50 tries")
+    return Case((x, nw, gw, k), {"residual": res, "eps": 1e-6, "renormalize": renorm},
+                {"x": fmt(dtype), "norm_weight": fmt(torch.float32)},
+                {"num_experts": e, "top_k": k, "hidden": h, "tokens": t},
+                label=f"rmsnorm_router_topk_softmax {t}x{h} E{e} k{k} res {with_res}")
+
+
 def _grouped_margin(logits, bias, g, tg, k) -> torch.Tensor:
     """Per row, the smallest gap (float64) at any comparison grouped routing decides: the
     group scores down to the (tg+1)-th, and the choice scores of the kept groups down to the
