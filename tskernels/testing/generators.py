@@ -88,6 +88,33 @@ def _gemv(gen, dtype, size):
                 label=f"gemv {m}x{n}x{k} {dtype}")
 
 
+def _fused_gemv_case(gen, dtype, size, op):
+    """A fused decode gemv (rmsnorm_gemv / silu_mul_gemv) over decode rows, with or without
+    the residual added before the one rounding."""
+    m, n, k = (_pick(gen, (1, 3, 16)), 40, 96) if size == "small" else (8, 4096, 4096)
+    with_res = bool(torch.randint(2, (1,), generator=gen))
+    b = _randn(gen, n, k, dtype=dtype) / k ** 0.5
+    res = _randn(gen, m, n, dtype=dtype) if with_res else None
+    if op == "rmsnorm_gemv":
+        x = _randn(gen, m, k, dtype=dtype) * 2
+        args, kw = (x, torch.rand(k, generator=gen) + 0.5, b), {"eps": 1e-6}
+    else:
+        args, kw = (_randn(gen, m, 2 * k, dtype=dtype), b), {}
+    return Case(args, {**kw, "out_dtype": None, "residual": res},
+                {"x": fmt(dtype), "b": fmt(dtype), "c": fmt(dtype)}, {"residual": with_res},
+                label=f"{op} {m}x{n}x{k} res {with_res} {dtype}")
+
+
+@problem_generator("gemm", "rmsnorm_gemv")
+def _rmsnorm_gemv(gen, dtype, size):
+    return _fused_gemv_case(gen, dtype, size, "rmsnorm_gemv")
+
+
+@problem_generator("gemm", "silu_mul_gemv")
+def _silu_mul_gemv(gen, dtype, size):
+    return _fused_gemv_case(gen, dtype, size, "silu_mul_gemv")
+
+
 @problem_generator("gemm", "int8w_mm", dtypes=(torch.float32, torch.bfloat16))
 def _int8w_mm(gen, dtype, size):
     """Weight-only int8 (per-row scales, as gemm.quantize_int8_per_channel makes them): decode
