@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+import tskernels_ref.norm as ref_norm
 import tskernels_ref.rope as ref_rope
 
 from ..ops.attention import _validate as attn_v
@@ -508,7 +509,7 @@ def _rmsnorm_router_topk_softmax(gen, dtype, size):
         gw = (a[:, None] * (v / nw)[None, :] / h +
               0.05 * torch.randn(e, h, generator=gen) * h ** -0.5).to(dtype)
         r = x.double() + res.double() if with_res else x.double()
-        y = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+        y = ref_norm.rmsnorm(r, nw.double(), 1e-6)
         top = (y @ gw.double().T).sort(dim=-1, descending=True).values[:, :k + 1]
         if t == 0 or bool((top[:, :-1] - top[:, 1:] > 0.03 * top.abs().max()).all()):
             break
