@@ -229,3 +229,33 @@ def test_cuda_fp8_block_mm_compiles(tmp_path):
         assert r["spill_bytes"] == 0 and not r["serialized"], r["log"]
         assert r["smem"] <= fp8.SMEM_LIMIT and r["tma_store"] == (out != torch.float32), r
     _record("fp8_block_wgmma", rows)
+
+
+# (hidden, inter, top_k, parts, fp16, int64 ids): the Qwen3-30B-A3B shape on 132 SMs in both
+# 16-bit types and id widths, and a narrower shape with a partial last slice
+MOE_DECODE_SHAPES = [(2048, 768, 8, 16, False, False), (2048, 768, 8, 16, True, True),
+                     (1024, 512, 4, 33, False, False)]
+
+
+def test_cuda_moe_decode_compiles(tmp_path):
+    """The one-token MoE kernel builds for sm_90a with its bulk copies (UBLKCP, completing on
+    an mbarrier) and streaming 128-bit weight loads in the SASS, no spills, its shared memory
+    within the limit, for the shapes `fits` takes."""
+    from tskernels.ops.moe import cuda_decode_sm90 as md
+    spec = next(k for k in tskernels.kernels() if k.name == "moe.fused_experts.cuda_sm90")
+    assert spec.verification.compiled == frozenset({"sm_90"})
+    rows = []
+    for h, i, k, parts, fp16, ids64 in MOE_DECODE_SHAPES:
+        assert md.fits(h, i, k, k * parts), (h, i, k, parts)
+        text, r = _build_sm90a(md.SOURCE, md.nvcc_options(h, i, k, parts, fp16, ids64), tmp_path)
+        sass = _sass(NVDISASM, tmp_path / "k.cubin")
+        r.update(kernel="moe_decode_sm90", hidden=h, inter=i, top_k=k, parts=parts, fp16=fp16,
+                 ids64=ids64, smem=md.smem_bytes(h, i, parts),
+                 bulk_copy="cp.async.bulk.shared::cluster.global.mbarrier" in text,
+                 sass_bulk=len(re.findall(r"\bUBLKCP\b", sass)),
+                 sass_stream_loads=len(re.findall(r"\bLDG\.E\.NA\.128\b", sass)))
+        rows.append(r)
+        assert r["bulk_copy"] and r["sass_bulk"] >= 1 and r["sass_stream_loads"] >= 4 * h // 256, r
+        assert r["registers"] and r["registers"] <= 255 and r["spill_bytes"] == 0, r["log"]
+        assert r["smem"] <= md.SMEM_LIMIT, r
+    _record("moe_decode_sm90", rows)

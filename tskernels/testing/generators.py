@@ -13,6 +13,7 @@ import tskernels_ref.norm as ref_norm
 import tskernels_ref.rope as ref_rope
 
 from ..ops.attention import _validate as attn_v
+from ..ops.moe import cuda_decode_sm90
 from ..registry import fmt
 from .conformance import Case, problem_generator
 from .problems import paged_kv, ragged_lens
@@ -586,7 +587,9 @@ def _fused_experts(gen, dtype, size):
     ids[0, -1] = -1  # a non-local expert contributes nothing
     return Case((x, w13.to(dtype), w2.to(dtype), (w / w.sum(-1, keepdim=True)).float(), ids),
                 {"activation": "silu"}, {"x": fmt(dtype), "w": fmt(dtype)},
-                {"activation": "silu", "top_k": k, "weight_block": None},
+                {"activation": "silu", "top_k": k, "weight_block": None,
+                 # as moe.fused_experts computes it, for the 132 SMs of the H100 / H200
+                 "decode_prefetch": t == 1 and cuda_decode_sm90.fits(h, i, k, 132)},
                 label=f"fused_experts T{t} H{h} I{i} E{e} k{k} {dtype}")
 
 

@@ -10,8 +10,8 @@ import torch
 
 from ... import _check
 from ...registry import fmt, select
-from . import (reference, triton_align, triton_experts, triton_route,  # noqa: F401  (register)
-               triton_routing)
+from . import (cuda_decode_sm90, reference, triton_align, triton_experts,  # noqa: F401
+               triton_route, triton_routing)  # (register)
 
 WEIGHT_DTYPES = (torch.float32, torch.float64)
 ACTIVATIONS = ("gelu", "silu")
@@ -204,7 +204,10 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     kern = select("moe", "fused_experts", device=x.device,
                   formats={"x": fmt(x.dtype), "w": fmt(w13.dtype)},
                   traits={"activation": activation, "top_k": top_k,
-                          "weight_block": FP8_WEIGHT_BLOCK if fp8 else None},
+                          "weight_block": FP8_WEIGHT_BLOCK if fp8 else None,
+                          # one token whose shape the one-launch CUDA decode kernel takes
+                          "decode_prefetch": cuda_decode_sm90.decode_traits(
+                              tokens, hidden, inter, top_k, x.device)},
                   backend=backend)
     if fp8:
         return kern(x, w13, w2, topk_weights, topk_ids, activation=activation,
