@@ -28,9 +28,13 @@ import tskernels_ref.moe as ref
 from tskernels import moe
 from tskernels.bench import core
 from tskernels.numerics import assert_close
+from tskernels.ops.moe import cuda_decode_sm90 as md
 
 E, H, I, K = 128, 2048, 768, 8
-FORMS = {"triton": "triton", "cuda": "cuda_sm90"}
+# the CUDA kernel as selected (a programmatic dependent of the routing), plain-launched, and
+# with its down slice copied only after the wait (what the prefetch is worth)
+FORMS = {"triton": "triton", "cuda": "cuda_sm90", "cuda_nopdl": ("NOPDL",),
+         "cuda_late_copy": ("-DLATE_COPY",)}
 
 
 def main() -> int:
@@ -55,14 +59,25 @@ def main() -> int:
     floor = statistics.mean(touched) * 3 * H * I * 2 / roof / 1e3
     res["floor_us"] = round(floor, 2)
 
+    def fe(x, w, ids, backend):
+        if isinstance(backend, tuple):  # a lab variant of the CUDA kernel (extra -D options)
+            if backend == ("NOPDL",):
+                md.PDL = False
+                try:
+                    return md.run(x, w13, w2, w, ids)
+                finally:
+                    md.PDL = True
+            return md.run(x, w13, w2, w, ids, extra=backend)
+        return moe.fused_experts(x, w13, w2, w, ids, backend=backend)
+
     def layer(backend):
         def f(d):
             w, ids = moe.topk_softmax(d["logits"], K, backend="triton")
-            return moe.fused_experts(d["x"], w13, w2, w, ids, backend=backend)
+            return fe(d["x"], w, ids, backend)
         return f
 
     def experts(backend):
-        return lambda d: moe.fused_experts(d["x"], w13, w2, d["w"], d["ids"], backend=backend)
+        return lambda d: fe(d["x"], d["w"], d["ids"], backend)
 
     checks = {}
     d = sets[0]
@@ -92,7 +107,7 @@ def main() -> int:
         res["us"] = timed
         (out_dir / "s31_moe_decode.json").write_text(json.dumps(res, indent=1))
     print(f"\n{res['device']}, floor {floor:.2f} us (touched {statistics.mean(touched):.1f})")
-    print("| form | layer r1 | layer r2 | experts r1 | experts r2 |")
+    print("| form | layer r1 | layer r2 | experts r1 | experts r2 |")  # noqa
     print("|---|---|---|---|---|")
     for n in FORMS:
         print(f"| {n} | " + " | ".join(str(timed.get(f"{w}_{n}_{r}", "-"))

@@ -233,8 +233,10 @@ def test_cuda_fp8_block_mm_compiles(tmp_path):
 
 # (hidden, inter, top_k, parts, fp16, int64 ids): the Qwen3-30B-A3B shape on 132 SMs in both
 # 16-bit types and id widths, and a narrower shape with a partial last slice
-MOE_DECODE_SHAPES = [(2048, 768, 8, 16, False, False), (2048, 768, 8, 16, True, True),
-                     (1024, 512, 4, 33, False, False)]
+MOE_DECODE_SHAPES = [(2048, 768, 8, 16, False, False, ()), (2048, 768, 8, 16, True, True, ()),
+                     (1024, 512, 4, 33, False, False, ()),
+                     (2048, 768, 8, 16, False, False, ("-DPDL",)),
+                     (2048, 768, 8, 16, False, False, ("-DLATE_COPY",))]
 
 
 def test_cuda_moe_decode_compiles(tmp_path):
@@ -245,17 +247,19 @@ def test_cuda_moe_decode_compiles(tmp_path):
     spec = next(k for k in tskernels.kernels() if k.name == "moe.fused_experts.cuda_sm90")
     assert spec.verification.compiled == frozenset({"sm_90"})
     rows = []
-    for h, i, k, parts, fp16, ids64 in MOE_DECODE_SHAPES:
+    for h, i, k, parts, fp16, ids64, extra in MOE_DECODE_SHAPES:
         assert md.fits(h, i, k, k * parts), (h, i, k, parts)
-        text, r = _build_sm90a(md.SOURCE, md.nvcc_options(h, i, k, parts, fp16, ids64), tmp_path)
+        text, r = _build_sm90a(md.SOURCE, md.nvcc_options(h, i, k, parts, fp16, ids64) + extra,
+                               tmp_path)
         sass = _sass(NVDISASM, tmp_path / "k.cubin")
         r.update(kernel="moe_decode_sm90", hidden=h, inter=i, top_k=k, parts=parts, fp16=fp16,
-                 ids64=ids64, smem=md.smem_bytes(h, i, parts),
+                 ids64=ids64, options=" ".join(extra), smem=md.smem_bytes(h, i, parts),
+                 griddepcontrol="griddepcontrol.wait" in text,
                  bulk_copy="cp.async.bulk.shared::cluster.global.mbarrier" in text,
                  sass_bulk=len(re.findall(r"\bUBLKCP\b", sass)),
                  sass_stream_loads=len(re.findall(r"\bLDG\.E\.NA\.128\b", sass)))
         rows.append(r)
         assert r["bulk_copy"] and r["sass_bulk"] >= 1 and r["sass_stream_loads"] >= 4 * h // 256, r
         assert r["registers"] and r["registers"] <= 255 and r["spill_bytes"] == 0, r["log"]
-        assert r["smem"] <= md.SMEM_LIMIT, r
+        assert r["smem"] <= md.SMEM_LIMIT and r["griddepcontrol"] == ("-DPDL" in extra), r
     _record("moe_decode_sm90", rows)

@@ -152,12 +152,18 @@ def test_selected_for_one_token_and_replays_in_a_graph():
 
 @pytest.mark.gpu
 @needs_hopper
-def test_matches_the_triton_decode_path():
-    """Same problem through the Triton direct path: both within bf16 tolerance of float64 and
-    of each other (the intermediate is rounded to bf16 on both)."""
+def test_matches_the_triton_decode_path(monkeypatch):
+    """Same problem through the Triton direct path: both within bf16 tolerance of float64
+    (the intermediate is rounded to bf16 on both); the plain launch and the programmatic
+    dependent one (after a Triton routing launch) bit-equal."""
     h, inter, e, k = QWEN3
     x, w13, w2, w, ids = _problem(h, inter, e, k, torch.bfloat16, 7)
+    logits = torch.randn(1, e, device="cuda")
+    w, ids = tskernels.moe.topk_softmax(logits, k, backend="triton")
     ours = md.run(x, w13, w2, w, ids)
+    monkeypatch.setattr(md, "PDL", False)
+    w_, ids_ = tskernels.moe.topk_softmax(logits, k, backend="triton")
+    assert torch.equal(md.run(x, w13, w2, w_, ids_), ours)
     tri = tskernels.moe.fused_experts(x, w13, w2, w, ids, backend="triton")
     want, base = _want(x, w13, w2, w, ids)
     assert_close(ours, want, baseline=base)

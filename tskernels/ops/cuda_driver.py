@@ -178,13 +178,30 @@ def tensor_map_2d(t: torch.Tensor, rows: int, cols: int, row_bytes: int, box_row
     return buf
 
 
-def launch(fn, grid: int, threads: int, smem: int, device: torch.device, args) -> None:
+def launch(fn, grid: int, threads: int, smem: int, device: torch.device, args,
+           pdl: bool = False) -> None:
     """cuLaunchKernel on torch's current stream of `device`, each argument's bytes given by a
-    ctypes object. The device is made current around it: the function belongs to its context."""
+    ctypes object. The device is made current around it: the function belongs to its context.
+    pdl: a programmatic dependent launch (cuLaunchKernelEx with programmatic stream
+    serialization: the grid may start before its predecessor completes, so the kernel must
+    execute griddepcontrol.wait before it reads anything the predecessor writes)."""
     cu = driver()
     ptrs = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
-        err, = cu.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, smem, cu.CUstream(stream),
-                                 ctypes.addressof(ptrs), 0)
+        if not pdl:
+            err, = cu.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, smem, cu.CUstream(stream),
+                                     ctypes.addressof(ptrs), 0)
+        else:
+            cfg = cu.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+            cfg.sharedMemBytes = smem
+            cfg.hStream = cu.CUstream(stream)
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            err, = cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptrs), 0)
     check(err, "cuLaunchKernel")

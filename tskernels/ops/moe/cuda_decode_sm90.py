@@ -23,12 +23,16 @@ import torch
 from ...platform import platform_of
 from ...registry import Capability, register
 from .. import cuda_driver
+from ..shared import pdl
 
 SOURCE = Path(__file__).with_name("cuda") / "moe_decode_sm90.cu"
 KERNEL = "moe_decode_kernel"
 THREADS = 256
 SMEM_LIMIT = 232448   # sm_90's opt-in dynamic shared memory per block
 CNT_ELEMS = 1024
+# launched as a programmatic dependent of the routing (pdl.CHAIN "moe_direct", as the
+# Triton decode path), where PDL exists; False: plain launches
+PDL = True
 # False: the trait says no, so the selector never takes this kernel (serving A/B switch)
 ENABLED = True
 _cnt: dict[torch.device, torch.Tensor] = {}
@@ -94,9 +98,10 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor) -> torch.Tensor:
+        topk_ids: torch.Tensor, extra: tuple[str, ...] = ()) -> torch.Tensor:
     """out [1, H] (x's dtype) for x [1, H], w13 [E, 2I, H], w2 [E, H, I] (x's dtype),
-    topk_weights [1, k], topk_ids int32 / int64 [1, k]."""
+    topk_weights [1, k], topk_ids int32 / int64 [1, k]. extra: more -D options (lab variants,
+    e.g. -DLATE_COPY: the down slice copied after the wait)."""
     dev = x.device
     tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
@@ -110,7 +115,9 @@ def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torc
     parts = parts_for(top_k, sms)
     smem = smem_bytes(hidden, inter, parts)
     ids64 = topk_ids.dtype == torch.int64
-    opts = nvcc_options(hidden, inter, top_k, parts, x.dtype == torch.float16, ids64)
+    chained = PDL and pdl.supported(dev) and pdl.chained("moe_direct")
+    opts = nvcc_options(hidden, inter, top_k, parts, x.dtype == torch.float16, ids64) + extra \
+        + (("-DPDL",) if chained else ())
     fn = cuda_driver.sm90a_function(dev, SOURCE, KERNEL, opts, smem, "CUDA decode MoE")
     x, w13, w2 = _aligned(x), _aligned(w13), _aligned(w2)
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
@@ -126,7 +133,7 @@ def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torc
     args = (ptr(x.data_ptr()), ptr(w13.data_ptr()), ptr(w2.data_ptr()), ptr(tw.data_ptr()),
             ptr(ids.data_ptr()), ptr(act.data_ptr()), ptr(part.data_ptr()),
             ptr(_counters(dev).data_ptr()), ptr(out.data_ptr()), ctypes.c_int(num_experts))
-    cuda_driver.launch(fn, top_k * parts, THREADS, smem, dev, args)
+    cuda_driver.launch(fn, top_k * parts, THREADS, smem, dev, args, pdl=chained)
     return out
 
 

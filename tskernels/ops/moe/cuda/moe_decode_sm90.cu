@@ -30,7 +30,7 @@
 // partials and still count in).
 //
 // Compile-time: HID (H), INTER (I), TOPK, PARTS, HALF (fp16 instead of bf16), IDS64 (int64
-// ids). H % 256 == 0 and I % 256 == 0 (lanes x 8 values).
+// ids), PDL (launched as a programmatic dependent: griddepcontrol.wait first). H % 256 == 0 and I % 256 == 0 (lanes x 8 values).
 #define DT "bf16"                  // hopper_common.cuh's MMA wrappers (unused here)
 #define CVT_PACK "cvt.rn.bf16x2.f32"
 #include "hopper_common.cuh"
@@ -147,25 +147,10 @@ __device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u3
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// counters: [0, TOPK) gate-up done per slot, [TOPK, 2 TOPK) CTAs past the wait per slot,
-// [2 TOPK, 2 TOPK + PARTS) slots done per part
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
-moe_decode_kernel(const u16* __restrict__ x, const u16* __restrict__ w13,
-                  const u16* __restrict__ w2, const float* __restrict__ tw,
-                  const route_id* __restrict__ ids, u16* __restrict__ act_g,
-                  float* __restrict__ part_g, int* __restrict__ cnt, u16* __restrict__ out,
-                  int num_experts) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int slot = blockIdx.x / PARTS, part = blockIdx.x % PARTS;
-    const long long e = (long long)ids[slot];
-    const bool valid = e >= 0 && e < num_experts;
-    const int r0 = part * ROWS, nrows = min(ROWS, HID - r0);
-    const int n0 = part * NI, ncols = min(NI, INTER - n0);
-    const u32 bar = smem_addr(smem + SM_BAR);
-    int* flag = (int*)(smem + SM_FLAG);
-
-    // 1. the down slice, in flight from the start
+// thread 0: w2[e] rows [r0, r0 + nrows) into shared memory, completing on the mbarrier
+__device__ __forceinline__ void issue_down_copy(int tid, bool valid, int nrows, long long e,
+                                                int r0, const u16* w2, unsigned char* smem,
+                                                u32 bar) {
     if (tid == 0 && valid && nrows > 0) {
         mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -176,6 +161,35 @@ moe_decode_kernel(const u16* __restrict__ x, const u16* __restrict__ w13,
         for (u32 off = 0; off < bytes; off += COPY_BYTES)
             bulk_g2s(dst + off, src + off, min((u32)COPY_BYTES, bytes - off), bar);
     }
+}
+
+// counters: [0, TOPK) gate-up done per slot, [TOPK, 2 TOPK) CTAs past the wait per slot,
+// [2 TOPK, 2 TOPK + PARTS) slots done per part
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+moe_decode_kernel(const u16* __restrict__ x, const u16* __restrict__ w13,
+                  const u16* __restrict__ w2, const float* __restrict__ tw,
+                  const route_id* __restrict__ ids, u16* __restrict__ act_g,
+                  float* __restrict__ part_g, int* __restrict__ cnt, u16* __restrict__ out,
+                  int num_experts) {
+    extern __shared__ __align__(128) unsigned char smem[];
+#ifdef PDL
+    // a programmatic dependent of the routing: resident early, then wait for the ids and x
+    // (it never triggers its own dependents early: they launch as its CTAs exit)
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int slot = blockIdx.x / PARTS, part = blockIdx.x % PARTS;
+    const long long e = (long long)ids[slot];
+    const bool valid = e >= 0 && e < num_experts;
+    const int r0 = part * ROWS, nrows = min(ROWS, HID - r0);
+    const int n0 = part * NI, ncols = min(NI, INTER - n0);
+    const u32 bar = smem_addr(smem + SM_BAR);
+    int* flag = (int*)(smem + SM_FLAG);
+
+    // 1. the down slice, in flight from the start (LATE_COPY, a lab variant: after the wait)
+#ifndef LATE_COPY
+    issue_down_copy(tid, valid, nrows, e, r0, w2, smem, bar);
+#endif
     // 2. x as fp32, then this CTA's gate-up column pairs
     float* xs = (float*)(smem + SM_X);
     for (int i = tid; i < HID / 2; i += NTHREADS) {
@@ -241,6 +255,9 @@ moe_decode_kernel(const u16* __restrict__ x, const u16* __restrict__ w13,
             atomicExch(cnt + slot, 0);
         }
     }
+#ifdef LATE_COPY
+    issue_down_copy(tid, valid, nrows, e, r0, w2, smem, bar);
+#endif
     __syncthreads();
     // 4. the down rows from shared memory
     float* as = (float*)(smem + SM_ACT);
