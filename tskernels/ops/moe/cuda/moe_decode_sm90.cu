@@ -73,20 +73,20 @@ typedef int route_id;
 #define SM_FLAG (SM_BAR + 8)
 #define SMEM_BYTES (SM_FLAG + 8)
 
-__device__ __forceinline__ float lo16(u32 v) {
+// a 16-bit value (bf16, or fp16 under HALF) as fp32; lo16 / hi16: the halves of a 32-bit word
+__device__ __forceinline__ float f16(u16 h) {
 #ifdef HALF
     float f;
-    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\ncvt.f32.f16 %0, l;\n}\n" : "=f"(f) : "r"(v));
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
     return f;
 #else
-    return __uint_as_float(v << 16);
+    return __uint_as_float((u32)h << 16);
 #endif
 }
+__device__ __forceinline__ float lo16(u32 v) { return f16((u16)(v & 0xffffu)); }
 __device__ __forceinline__ float hi16(u32 v) {
 #ifdef HALF
-    float f;
-    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\ncvt.f32.f16 %0, h;\n}\n" : "=f"(f) : "r"(v));
-    return f;
+    return f16((u16)(v >> 16));
 #else
     return __uint_as_float(v & 0xffff0000u);
 #endif
@@ -99,9 +99,6 @@ __device__ __forceinline__ u16 round16(float f) {
     asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
 #endif
     return h;
-}
-__device__ __forceinline__ float f16(u16 h) {
-    return lo16((u32)h);
 }
 
 // a weight row's 16 bytes, read once: no L1 allocation
