@@ -48,6 +48,17 @@ def test_decode_trait_only_for_one_token_on_cuda():
         assert md.decode_traits(2, 2048, 768, 8, dev) is False
 
 
+def test_not_offered_to_an_mps_client_with_part_of_the_sms(monkeypatch):
+    """The device reports every SM to an MPS client limited to a share; the grid spins on its
+    own CTAs, so the trait says no there."""
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    assert md._sm_share_limited()
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+    assert not md._sm_share_limited()
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    assert not md._sm_share_limited()
+
+
 def test_named_backend_refuses_other_problems():
     """Named explicitly, the backend refuses what it does not take with a clear error (the
     selector's trait check), never a launch."""

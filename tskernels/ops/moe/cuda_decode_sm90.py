@@ -16,6 +16,7 @@ two streams of one device must not run this kernel concurrently (as triton_direc
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import torch
@@ -66,9 +67,20 @@ def decode_traits(tokens: int, hidden: int, inter: int, top_k: int,
                   device: torch.device) -> bool:
     """The `decode_prefetch` trait moe.fused_experts passes: one token on a CUDA device whose
     SM count lets `fits` take the shape (False elsewhere, so other backends are unaffected)."""
-    if not ENABLED or tokens != 1 or device.type != "cuda":
+    if not ENABLED or tokens != 1 or device.type != "cuda" or _sm_share_limited():
         return False
     return fits(hidden, inter, top_k, platform_of(device).num_sms)
+
+
+def _sm_share_limited() -> bool:
+    """An MPS client limited to part of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE < 100): the
+    device still reports all of them, but the grid, which spins on its own CTAs, might not be
+    resident at once, so the kernel is not offered there."""
+    v = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    try:
+        return v is not None and float(v) < 100
+    except ValueError:
+        return True
 
 
 def nvcc_options(hidden: int, inter: int, top_k: int, parts: int, half: bool,
