@@ -24,7 +24,7 @@ import torch
 from ...platform import platform_of
 from ...registry import Capability, register
 from .. import cuda_driver
-from ..shared import pdl
+from ..shared import counters, pdl
 
 SOURCE = Path(__file__).with_name("cuda") / "moe_decode_sm90.cu"
 KERNEL = "moe_decode_kernel"
@@ -36,7 +36,6 @@ CNT_ELEMS = 1024
 PDL = True
 # False: the trait says no, so the selector never takes this kernel (serving A/B switch)
 ENABLED = True
-_cnt: dict[torch.device, torch.Tensor] = {}
 _work: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -91,12 +90,8 @@ def nvcc_options(hidden: int, inter: int, top_k: int, parts: int, half: bool,
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's counters, zeroed once (allocated on first use, before a graph capture that
-    uses them, as the serving warm-up does); the kernel re-zeroes what it used."""
-    c = _cnt.get(device)
-    if c is None:
-        c = _cnt[device] = torch.zeros(CNT_ELEMS, dtype=torch.int32, device=device)
-    return c
+    """The device's arrival counters (shared/counters.py); the kernel re-zeroes what it used."""
+    return counters.zeroed(__name__, device, CNT_ELEMS)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...compile import CompileCase
-from ..shared import pdl
+from ..shared import counters, pdl
 from .triton_gemm import _gelu_tanh
 
 
@@ -55,7 +55,6 @@ class DirectTiles:
 DEFAULT = DirectTiles()
 TOKEN_DOWN = DirectTiles(down_n=16, down_k=256, down="token")
 CNT_ELEMS = 1 << 14  # arrival counters per device (T x H / BLOCK_N tiles)
-_cnt: dict[torch.device, torch.Tensor] = {}
 # the aligned path takes over above this many tokens (each slot re-reads its expert here;
 # from ~16 tokens on, many slots share experts and the aligned grouping reads them once)
 MAX_TOKENS = 8
@@ -188,12 +187,8 @@ def slot_down_kernel(act_ptr, w_ptr, ids_ptr, tw_ptr, part_ptr, cnt_ptr, out_ptr
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's arrival counters, zeroed once (allocated on first use, before any graph
-    capture that uses them, as the serving warm-up does); the kernel re-zeroes what it used."""
-    c = _cnt.get(device)
-    if c is None:
-        c = _cnt[device] = torch.zeros(CNT_ELEMS, dtype=torch.int32, device=device)
-    return c
+    """The device's arrival counters (shared/counters.py); the kernel re-zeroes what it used."""
+    return counters.zeroed(__name__, device, CNT_ELEMS)
 
 
 def direct_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

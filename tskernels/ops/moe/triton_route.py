@@ -29,7 +29,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ...compile import CompileCase
 from ...registry import register
 from .._common import TRITON
-from ..shared import pdl
+from ..shared import counters, pdl
 from .triton_routing import MAX_EXPERTS, _take_topk
 
 EXPERTS_PER_PROGRAM = 8
@@ -37,7 +37,6 @@ MAX_TOKENS = 1024  # arrival counters per device (one per token)
 MAX_HIDDEN = 16384
 CHUNK = 2048  # hidden columns per step of a program's loops
 _FORMATS = ("fp32", "fp16", "bf16")
-_cnt: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
@@ -117,12 +116,8 @@ def _norm_route_kernel(x_ptr, res_ptr, nw_ptr, gw_ptr, y_ptr, res_out_ptr, lg_pt
 
 
 def _counters(device: torch.device) -> torch.Tensor:
-    """The device's arrival counters, zeroed once (allocated on first use, before any graph
-    capture that uses them, as the serving warm-up does); the kernel re-zeroes what it used."""
-    c = _cnt.get(device)
-    if c is None:
-        c = _cnt[device] = torch.zeros(MAX_TOKENS, dtype=torch.int32, device=device)
-    return c
+    """The device's arrival counters (shared/counters.py); the kernel re-zeroes what it used."""
+    return counters.zeroed(__name__, device, MAX_TOKENS)
 
 
 def _block_h(hidden: int) -> int:
