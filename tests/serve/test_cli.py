@@ -44,13 +44,17 @@ def _port(server: ServerProcess) -> int:
     return int(server.url.rsplit(":", 1)[1])
 
 
-def _wait_running(server: ServerProcess, timeout: float = 60.0) -> None:
+def _wait_running(server: ServerProcess, timeout: float = 60.0, threads=()) -> None:
+    """Until the engine runs a request; fails at once when the client threads have all ended
+    first (the requests finished between two polls: the case needs longer ones)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = parse_prometheus(httpx.get(server.url + "/metrics").text)
         if m.get("serve_num_requests_running", 0) >= 1:
             return
-        time.sleep(0.05)
+        if threads and not any(t.is_alive() for t in threads):
+            raise AssertionError("the requests ended before the engine was seen running them")
+        time.sleep(0.02)
     raise AssertionError("no request reached the engine")
 
 
@@ -111,15 +115,16 @@ def test_sigterm_to_process_group_is_a_clean_exit(model):
     server.stop()
 
 
-def _engine_death_case(server: ServerProcess, kill_engine) -> None:
+def _engine_death_case(server: ServerProcess, kill_engine, max_tokens: int = 400) -> None:
     results = {}
 
     def non_streaming():
         results["plain"] = httpx.post(server.url + "/v1/completions", timeout=60, json={
-            "prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True})
+            "prompt": "long", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
 
     def streaming():
-        body = {"prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+        body = {"prompt": "long", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}
         try:
             with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
                 results["stream_status"] = r.status_code
@@ -130,7 +135,7 @@ def _engine_death_case(server: ServerProcess, kill_engine) -> None:
     threads = [threading.Thread(target=f) for f in (non_streaming, streaming)]
     for t in threads:
         t.start()
-    _wait_running(server)
+    _wait_running(server, threads=threads)
     kill_engine()
     for t in threads:
         t.join(60)
@@ -150,9 +155,11 @@ def _engine_death_case(server: ServerProcess, kill_engine) -> None:
 
 
 def test_engine_killed_gives_503_and_nonzero_exit(model):
-    server = ServerProcess(model, "--max-model-len", "512")
+    # 4000 tokens each: the tiny model on an idle machine made 400 in less than a metrics poll
+    # (a fresh clone's CI, 2026-12-07: the test never saw them running)
+    server = ServerProcess(model, "--max-model-len", "4096")
     try:
-        _engine_death_case(server, lambda: os.kill(server.engine_pid, signal.SIGKILL))
+        _engine_death_case(server, lambda: os.kill(server.engine_pid, signal.SIGKILL), 4000)
     finally:
         server.stop()
 
