@@ -240,3 +240,53 @@ def test_pipelines_draw_the_same_tokens(kernel_device):
         got = ts.run(x, **p, cmax=cmax, pipeline="groupmax", **kw)
         assert torch.equal(got.token_ids, want.token_ids), gmax
         torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
+
+
+@FEW
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 6), v=st.integers(2, 13000),
+       topt=st.sampled_from([1, 2, 8]), dtype=st.sampled_from([torch.float32, torch.float16]))
+def test_chunk_top_lists_draw_the_same_tokens(kernel_device, seed, b, v, topt, dtype):
+    """The plan's bound from the chunks' top-T lists (triton_groupmax.TOPT) selects the groups
+    the full group-max scan does whenever it applies: the same tokens and logprobs, for
+    top-k rows of every width, min-p, greedy, and the rows it leaves to the full scan."""
+    from tskernels.ops.sampling import triton_groupmax as tgm
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(b, v, generator=gen) * 3).to(kernel_device, dtype)
+    p = mixed(b, v, gen, kernel_device)
+    p["top_k"][: (b + 1) // 2] = torch.randint(1, 80, ((b + 1) // 2,), generator=gen).to(p["top_k"])
+    cmax = ts.CMAX if HAS_CUDA else 64
+    want = tgm.run(x, **p, cmax=cmax, topt=0)
+    got = tgm.run(x, **p, cmax=cmax, topt=topt)
+    assert torch.equal(got.token_ids, want.token_ids)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
+
+
+def test_chunk_top_lists_bound_and_fallback(kernel_device):
+    """Row 0: ten logits far above the rest, 10 apart, spread over chunks, top-k 10: the
+    floor (M - 64)
+    holds fewer than k groups, so both scans bisect from their lowest group max; the lists'
+    lowest is higher, so their bound differs (the list path ran) and still lies at or below
+    the 10th logit. Row 1: the same ten logits in one chunk (T = 4): that chunk's list
+    is full above the bound, so the plan falls back to the full scan (bounds equal). Tokens
+    equal in both."""
+    from tskernels.ops.sampling import triton_groupmax as tgm
+    gen = torch.Generator().manual_seed(5)
+    v = 20000  # five chunks: lists of 4 cover k = 10 (two of them per chunk in row 0)
+    x = torch.randn(2, v, generator=gen)
+    chunk, g = ts.chunk_size(v), tgm.G
+    spread = torch.arange(10) * (v // 10)
+    x[0, spread] = 1000.0 + 10 * torch.arange(10, dtype=torch.float32)
+    packed = torch.arange(10) * g  # ten groups of the first chunk
+    assert int(packed[-1]) < chunk
+    x[1, packed] = 1000.0 + 10 * torch.arange(10, dtype=torch.float32)
+    x = x.to(kernel_device)
+    p = params(2, kernel_device, temperature=1.0, top_k=10)
+    cmax = ts.CMAX if HAS_CUDA else 64
+    full, listed = {}, {}
+    want = tgm.run(x, **p, cmax=cmax, topt=0, tuning={"workspace": full})
+    got = tgm.run(x, **p, cmax=cmax, topt=4, tuning={"workspace": listed})
+    assert torch.equal(got.token_ids, want.token_ids)
+    assert float(listed["bound"][0]) != float(full["bound"][0])
+    assert float(full["bound"][0]) <= float(listed["bound"][0]) <= 1000.0
+    assert float(listed["bound"][1]) == float(full["bound"][1])
+    assert set(got.token_ids.tolist()[:1]) <= set(spread.tolist())
