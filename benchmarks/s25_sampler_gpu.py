@@ -32,6 +32,21 @@ MIXES = {"k50_p0.9_minp0.05": {}, "topk50": {"p": 1.0, "minp": 0.0},
          "temperature_only": {"k": 0, "p": 1.0, "minp": 0.0}, "greedy_rows": {"T": 0.0}}
 
 
+def problems(t0: float, budget: float):
+    """(B, mix, input sets) of the sampler labs: the default mix at B = 64 / 256 / 1, then the
+    other mixes at B = 64; sets sized to rotate past L2; stops once `budget` s from t0 pass."""
+    points = [(b, "k50_p0.9_minp0.05") for b in (64, 256, 1)] + \
+        [(64, m) for m in MIXES if m != "k50_p0.9_minp0.05"]
+    for b, mix in points:
+        if time.time() - t0 > budget:
+            print("budget spent", flush=True)
+            return
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        n = 128 if b == 1 else (3 if b <= 64 else 2)
+        yield b, mix, [cases._make({"B": b, "V": cases.V, **MIXES[mix]}, "cuda", gen)
+                       for _ in range(n)]
+
+
 def run(d):
     return tgm.run(d["logits"], **cases._params(d)).token_ids
 
@@ -54,15 +69,7 @@ def main() -> None:
     t0 = time.time()
     res = {"command": "python " + " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": []}
-    points = [(b, "k50_p0.9_minp0.05") for b in (64, 256, 1)] + \
-        [(64, m) for m in MIXES if m != "k50_p0.9_minp0.05"]
-    for b, mix in points:
-        if time.time() - t0 > budget:
-            print("budget spent", flush=True)
-            break
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        n = 128 if b == 1 else (3 if b <= 64 else 2)
-        sets = [cases._make({"B": b, "V": cases.V, **MIXES[mix]}, "cuda", gen) for _ in range(n)]
+    for b, mix, sets in problems(t0, budget):
         same = True
         for d in sets[:3]:
             pdl.CHAIN = frozenset(set(pdl.NAMES) - {"sampler"})

@@ -25,10 +25,9 @@ from tskernels.bench.cases import sampling as cases
 from tskernels.bench.core import time_fn
 from tskernels.ops.sampling import triton_groupmax as tgm
 
-MIXES = {"k50_p0.9_minp0.05": {}, "topk50": {"p": 1.0, "minp": 0.0},
-         "minp0.1": {"k": 0, "p": 1.0, "minp": 0.1},
-         "topk1000_topp0.95": {"k": 1000, "p": 0.95, "minp": 0.0},
-         "temperature_only": {"k": 0, "p": 1.0, "minp": 0.0}, "greedy_rows": {"T": 0.0}}
+sys.path.insert(0, str(Path(__file__).parent))
+from s25_sampler_gpu import problems  # noqa: E402  (the same problems and input sets)
+
 FORMS = (0, 4, 8, 16)
 
 
@@ -48,15 +47,7 @@ def main() -> None:
     res = {"command": "python " + " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "gpu": torch.cuda.get_device_name(), "forms": list(FORMS), "rows": []}
-    points = [(b, "k50_p0.9_minp0.05") for b in (64, 256, 1)] + \
-        [(64, m) for m in MIXES if m != "k50_p0.9_minp0.05"]
-    for b, mix in points:
-        if time.time() - t0 > budget:
-            print("budget spent", flush=True)
-            break
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        n = 128 if b == 1 else (3 if b <= 64 else 2)
-        sets = [cases._make({"B": b, "V": cases.V, **MIXES[mix]}, "cuda", gen) for _ in range(n)]
+    for b, mix, sets in problems(t0, budget):
         same = True
         for d in sets[:3]:
             want = run(d, 0)

@@ -144,6 +144,31 @@ def _add2(a0, a1, b0, b1):
 
 
 @triton.jit
+def _scan_bound(gm, M, Z, floor, k_on, kf, top_p, L_m, greedy, prof_ptr, row,
+                ITERS: tl.constexpr, PROF: tl.constexpr):
+    """The bound L from all of the row's group maxima gm (-inf past the row)."""
+    fin = gm > float("-inf")
+    one = tl.where(fin, 1.0, 0.0)
+    lowest = tl.min(tl.where(fin, gm, float("inf")), axis=0)
+    if PROF:
+        _stamp(prof_ptr, row, 6)
+    neg_inf = tl.full((), float("-inf"), tl.float32)
+    L_k = neg_inf
+    if k_on & (tl.sum(one, axis=0) >= kf):
+        lo = tl.where(tl.sum(tl.where(gm >= floor, one, 0.0), axis=0) >= kf, floor, lowest)
+        L_k = _bisect(gm, one, lo, M, kf, ITERS)
+    L_p = neg_inf
+    mass = tl.where(fin, tl.exp(gm - M), 0.0)
+    need = top_p * Z * 1.001
+    if (top_p < 1.0) & ~k_on & (tl.sum(mass, axis=0) >= need):
+        lo = tl.where(tl.sum(tl.where(gm >= floor, mass, 0.0), axis=0) >= need, floor, lowest)
+        L_p = _bisect(gm, mass, lo, M, need, ITERS)
+    # top-p renormalises over the whole top-k set: with both on, all of it is a candidate
+    L = tl.where(k_on, tl.where(top_p < 1.0, L_k, tl.maximum(L_k, L_m)), tl.maximum(L_p, L_m))
+    return tl.where(greedy, M, L)
+
+
+@triton.jit
 def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr, gm_ptr,
              tv_ptr, tid_ptr, stat_ptr, plan_ptr, bound_ptr, gid_ptr, cs_ptr, ci_ptr, tok_ptr,
              lp_ptr, prof_ptr,
@@ -196,7 +221,14 @@ def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr,
     L = neg_inf
     n_g = tl.full((), 0, tl.int32)
     done = tl.full((), 0, tl.int32)
-    if T > 0:
+    if T == 0:  # (the maxima stay live for the group ids below)
+        g = tl.arange(0, NGP)
+        gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
+        L = _scan_bound(gm, M, Z, floor, k_on, kf, top_p, L_m, greedy, prof_ptr, row, ITERS,
+                        PROF)
+        sel_g = (gm > float("-inf")) & (gm >= L)
+        n_g = tl.sum(sel_g.to(tl.int32), axis=0)
+    else:
         # the chunks' top-T lists (_gm_stats) stand for the row's group maxima when the rule
         # needs no mass (top-k <= S * T, min-p, greedy) and no chunk may hold an unlisted
         # group reaching the bound: the bisection runs over S * T values, not S * CHUNK / G,
@@ -222,31 +254,12 @@ def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr,
                 n_g = tl.sum(sel_t.to(tl.int32), axis=0)
                 L = L_t
                 done = tl.full((), 1, tl.int32)
-    if done == 0:
-        g = tl.arange(0, NGP)
-        gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
-        fin = gm > float("-inf")
-        one = tl.where(fin, 1.0, 0.0)
-        lowest = tl.min(tl.where(fin, gm, float("inf")), axis=0)
-        if PROF:
-            _stamp(prof_ptr, row, 6)
-        L_k = neg_inf
-        if k_on & (tl.sum(one, axis=0) >= kf):
-            lo = tl.where(tl.sum(tl.where(gm >= floor, one, 0.0), axis=0) >= kf, floor,
-                          lowest)
-            L_k = _bisect(gm, one, lo, M, kf, ITERS)
-        L_p = neg_inf
-        mass = tl.where(fin, tl.exp(gm - M), 0.0)
-        need = top_p * Z * 1.001
-        if (top_p < 1.0) & ~k_on & (tl.sum(mass, axis=0) >= need):
-            lo = tl.where(tl.sum(tl.where(gm >= floor, mass, 0.0), axis=0) >= need, floor,
-                          lowest)
-            L_p = _bisect(gm, mass, lo, M, need, ITERS)
-        # top-p renormalises over the whole top-k set: with both on, all of it is a candidate
-        L = tl.where(k_on, tl.where(top_p < 1.0, L_k, tl.maximum(L_k, L_m)),
-                     tl.maximum(L_p, L_m))
-        L = tl.where(greedy, M, L)
-        n_g = tl.sum((fin & (gm >= L)).to(tl.int32), axis=0)
+        if done == 0:
+            g = tl.arange(0, NGP)
+            gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
+            L = _scan_bound(gm, M, Z, floor, k_on, kf, top_p, L_m, greedy, prof_ptr, row,
+                            ITERS, PROF)
+            n_g = tl.sum(((gm > float("-inf")) & (gm >= L)).to(tl.int32), axis=0)
     tl.store(bound_ptr + row, L)
     if PROF:
         _stamp(prof_ptr, row, 2)
@@ -256,8 +269,11 @@ def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr,
     if (L == float("-inf")) & (n_g > GMAX):   # no bound and a large row: exact bisection
         n = tl.full((), CMAX + 1, tl.int32)
     elif n_g <= GMAX:   # (also without a bound: a small vocabulary is all candidates)
-        # the selected groups' ids, in group order (reloaded: the maxima do not stay live)
-        if done == 0:
+        if T == 0:
+            tl.store(gid_ptr + row * GMAX + tl.cumsum(sel_g.to(tl.int32), axis=0) - 1, g,
+                     mask=sel_g)
+        # with lists: the selected groups' ids reloaded (kept live, the plan spilled 3x more)
+        elif done == 0:
             g = tl.arange(0, NGP)
             gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
             sel_g = (gm > float("-inf")) & (gm >= L)
@@ -500,12 +516,10 @@ def cases() -> list[CompileCase]:
     x = {"x_ptr": "*fp32", "t_ptr": "*fp32"}
     chunk = ts.CHUNK
     return [
-        CompileCase(_gm_stats, dict(x, part_ptr="*fp32", gm_ptr="*fp32", tv_ptr="*fp32",
-                                    tid_ptr="*i32", V="i32", stride="i32", S="i32"),
-                    dict(CHUNK=chunk, G=G, T=0), num_warps=8, label="gm_stats"),
-        CompileCase(_gm_stats, dict(x, part_ptr="*fp32", gm_ptr="*fp32", tv_ptr="*fp32",
-                                    tid_ptr="*i32", V="i32", stride="i32", S="i32"),
-                    dict(CHUNK=chunk, G=G, T=8), num_warps=8, label="gm_stats top8"),
+        *(CompileCase(_gm_stats, dict(x, part_ptr="*fp32", gm_ptr="*fp32", tv_ptr="*fp32",
+                                      tid_ptr="*i32", V="i32", stride="i32", S="i32"),
+                      dict(CHUNK=chunk, G=G, T=t), num_warps=8, label="gm_stats" + tag)
+          for t, tag in ((0, ""), (8, " top8"))),
         *(CompileCase(_gm_plan, dict(x, k_ptr="*i32", p_ptr="*fp32", minp_ptr="*fp32",
                                    seed_ptr="*i64", step_ptr="*i64", part_ptr="*fp32",
                                    gm_ptr="*fp32", tv_ptr="*fp32", tid_ptr="*i32",
