@@ -9,6 +9,8 @@ twice (the first launch compiles and warms up; profile the second with --launch-
                                                        # | extend_later (paged, NCU_LATER=PxN)
                                                        # | fp8_cuda[_MxNxK] (fp8_block_mm_kernel;
                                                        #   or NCU_FP8=MxNxK; NCU_FP8_CFG=JSON)
+                                                       # | moe_decode_cuda | moe_decode_triton
+                                                       #   (routing + fused_experts, T = 1)
 
 Problems: decode B=128 L=8192 (bf16 or fp8 per-tensor KV; GQA 32/8, d128, page 16), extend
 16384 new tokens causal with their own K/V (tensor descriptors), MLA decode B=64 L=4096.
@@ -96,6 +98,19 @@ def main(which: str) -> None:
         o = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         cfg = json.loads(os.environ["NCU_FP8_CFG"]) if os.environ.get("NCU_FP8_CFG") else None
         run = lambda: cf.run(d["a"], d["sa"], d["b"], d["sb"], o, cfg)  # noqa: E731
+    elif which in ("moe_decode_cuda", "moe_decode_triton"):  # issue 24's T = 1 MoE layer:
+        # routing (Triton) then fused_experts (moe_decode_kernel | the two triton_direct kernels)
+        from tskernels import moe
+        e, h, i, k = 128, 2048, 768, 8
+        w13 = (torch.randn(e, 2 * i, h, generator=gen, device="cuda") / h ** 0.5).bfloat16()
+        w2 = (torch.randn(e, h, i, generator=gen, device="cuda") / i ** 0.5).bfloat16()
+        x = torch.randn(1, h, generator=gen, device="cuda").bfloat16()
+        logits = torch.randn(1, e, generator=gen, device="cuda")
+        backend = "cuda_sm90" if which.endswith("cuda") else "triton"
+
+        def run():
+            w, ids = moe.topk_softmax(logits, k, backend="triton")
+            return moe.fused_experts(x, w13, w2, w, ids, backend=backend)
     else:
         raise SystemExit(f"unknown problem {which}")
     for _ in range(2):
