@@ -55,26 +55,16 @@ WINDOW = 64.0
 # slower, the waiting dependents resident beside the work)
 LAZY_TRIGGER = True
 MINP_MARGIN = 1e-3  # min-p bound below M + log(min_p): exp / log rounding
-# each (row, chunk) stats program also lists its chunk's TOPT largest group maxima; the plan
-# bisects over those S * TOPT values (304 at V = 151,936) instead of all S * CHUNK / G group
-# maxima (2,432, padded to 4,096) when the rule needs no mass and no chunk may hold an
-# unlisted group above the bound. The same groups are selected, so the same tokens are drawn.
-# 0: off (the lists are not written). Not yet timed on a GPU: off by default until it is.
-TOPT = 0
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _gm_stats(x_ptr, t_ptr, part_ptr, gm_ptr, tv_ptr, tid_ptr, V, stride, S,
-              CHUNK: tl.constexpr, G: tl.constexpr, T: tl.constexpr = 0,
-              PDL: tl.constexpr = False):
+def _gm_stats(x_ptr, t_ptr, part_ptr, gm_ptr, V, stride, S, CHUNK: tl.constexpr,
+              G: tl.constexpr, PDL: tl.constexpr = False):
     """One read of a chunk as [CHUNK / G, G]: group maxima, chunk max and sums of exp.
     s = x / T is monotone in x, so the maxima are taken on the raw logits and scaled once
     per group (max(x) * c == max(x * c) exactly), and both sums share d = x - max(x):
-    sum exp(s - m) = sum 2^(d * c * log2 e), sum exp(x - rm) = sum 2^(d * log2 e).
-    T > 0: also the chunk's T largest group maxima (scaled) and their group ids, in group
-    order, into tv / tid[(row * S + c) * T :][:T] (NaN maxima rank as -inf; ties by index, so
-    exactly T are written)."""
+    sum exp(s - m) = sum 2^(d * c * log2 e), sum exp(x - rm) = sum 2^(d * log2 e)."""
     if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
         gdc_launch_dependents()
         gdc_wait()
@@ -97,19 +87,7 @@ def _gm_stats(x_ptr, t_ptr, part_ptr, gm_ptr, tv_ptr, tid_ptr, V, stride, S,
     tl.store(p + 1, z)
     tl.store(p + 2, rm)
     tl.store(p + 3, rz)
-    gv = gx * inv_t
-    tl.store(gm_ptr + (row * S + c) * NG + gi, gv)
-    if T > 0:
-        # the rank of each group max among the chunk's (a total order: value, then index)
-        key = tl.where(gv == gv, gv, float("-inf"))
-        gj = tl.arange(0, NG)
-        beats = (key[None, :] > key[:, None]) | ((key[None, :] == key[:, None])
-                                                  & (gj[None, :] < gi[:, None]))
-        rank = tl.sum(beats.to(tl.int32), axis=1)
-        top = rank < T
-        pos = (row * S + c) * T + tl.cumsum(top.to(tl.int32), axis=0) - 1
-        tl.store(tv_ptr + pos, key, mask=top)
-        tl.store(tid_ptr + pos, c * NG + gi, mask=top)
+    tl.store(gm_ptr + (row * S + c) * NG + gi, gx * inv_t)
 
 
 @triton.jit
@@ -144,45 +122,17 @@ def _add2(a0, a1, b0, b1):
 
 
 @triton.jit
-def _scan_bound(gm, M, Z, floor, k_on, kf, top_p, L_m, greedy, prof_ptr, row,
-                ITERS: tl.constexpr, PROF: tl.constexpr):
-    """The bound L from all of the row's group maxima gm (-inf past the row)."""
-    fin = gm > float("-inf")
-    one = tl.where(fin, 1.0, 0.0)
-    lowest = tl.min(tl.where(fin, gm, float("inf")), axis=0)
-    if PROF:
-        _stamp(prof_ptr, row, 6)
-    neg_inf = tl.full((), float("-inf"), tl.float32)
-    L_k = neg_inf
-    if k_on & (tl.sum(one, axis=0) >= kf):
-        lo = tl.where(tl.sum(tl.where(gm >= floor, one, 0.0), axis=0) >= kf, floor, lowest)
-        L_k = _bisect(gm, one, lo, M, kf, ITERS)
-    L_p = neg_inf
-    mass = tl.where(fin, tl.exp(gm - M), 0.0)
-    need = top_p * Z * 1.001
-    if (top_p < 1.0) & ~k_on & (tl.sum(mass, axis=0) >= need):
-        lo = tl.where(tl.sum(tl.where(gm >= floor, mass, 0.0), axis=0) >= need, floor, lowest)
-        L_p = _bisect(gm, mass, lo, M, need, ITERS)
-    # top-p renormalises over the whole top-k set: with both on, all of it is a candidate
-    L = tl.where(k_on, tl.where(top_p < 1.0, L_k, tl.maximum(L_k, L_m)), tl.maximum(L_p, L_m))
-    return tl.where(greedy, M, L)
-
-
-@triton.jit
 def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr, gm_ptr,
-             tv_ptr, tid_ptr, stat_ptr, plan_ptr, bound_ptr, gid_ptr, cs_ptr, ci_ptr, tok_ptr,
-             lp_ptr, prof_ptr,
+             stat_ptr, plan_ptr, bound_ptr, gid_ptr, cs_ptr, ci_ptr, tok_ptr, lp_ptr, prof_ptr,
              V, stride, S, CHUNK: tl.constexpr, G: tl.constexpr, BLOCK_S: tl.constexpr,
              NGP: tl.constexpr, GMAX: tl.constexpr, CMAX: tl.constexpr, C_SMALL: tl.constexpr,
              ITERS: tl.constexpr, WINDOW: tl.constexpr, MINP_MARGIN: tl.constexpr,
-             GHALF: tl.constexpr, CHALF: tl.constexpr, T: tl.constexpr = 0,
-             NTP: tl.constexpr = 1, PROF: tl.constexpr = 0, PDL: tl.constexpr = False):
+             GHALF: tl.constexpr, CHALF: tl.constexpr, PROF: tl.constexpr = 0,
+             PDL: tl.constexpr = False):
     """Row statistics, the bound L, and the whole draw for rows with few candidate groups.
     plan[row] = (state, n): state -1 done here, 1 candidates in the buffer (n of them; n >
-    CMAX: bisection), 0 _gm_compact collects them into n (zeroed here). T > 0: the bound and
-    the selected groups from the chunks' top-T lists where they suffice (see below; NTP =
-    next power of 2 of S * T). PROF (GPU sweeps only): SM clock64 stamps at the stage
-    boundaries into prof_ptr[row, 0:8]."""
+    CMAX: bisection), 0 _gm_compact collects them into n (zeroed here). PROF (GPU sweeps
+    only): SM clock64 stamps at the stage boundaries into prof_ptr[row, 0:8]."""
     if PDL:  # chained (shared/pdl.py "sampler"): dependents launch now, wait for inputs
         gdc_launch_dependents()
         gdc_wait()
@@ -207,84 +157,50 @@ def _gm_plan(x_ptr, t_ptr, k_ptr, p_ptr, minp_ptr, seed_ptr, step_ptr, part_ptr,
     if PROF:
         _stamp(prof_ptr, row, 1)
 
+    g = tl.arange(0, NGP)
+    gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
+    fin = gm > float("-inf")
+    one = tl.where(fin, 1.0, 0.0)
     k = _top_k(k_ptr, row, V)
     top_p = tl.load(p_ptr + row)
     min_p = tl.load(minp_ptr + row)
     greedy = tl.load(t_ptr + row) < 1e-5
     inv_t = _inv_temperature(t_ptr, row)
     k_on = (k > 0) & (k < V)
-    kf = k.to(tl.float32)
     # the window's floor if it already satisfies the rule, else the lowest finite group max
     floor = M - WINDOW
+    lowest = tl.min(tl.where(fin, gm, float("inf")), axis=0)
+    if PROF:
+        _stamp(prof_ptr, row, 6)
     neg_inf = tl.full((), float("-inf"), tl.float32)
+    L_k = neg_inf
+    if k_on & (tl.sum(one, axis=0) >= k.to(tl.float32)):
+        kf = k.to(tl.float32)
+        lo = tl.where(tl.sum(tl.where(gm >= floor, one, 0.0), axis=0) >= kf, floor, lowest)
+        L_k = _bisect(gm, one, lo, M, kf, ITERS)
+    L_p = neg_inf
+    mass = tl.where(fin, tl.exp(gm - M), 0.0)
+    need = top_p * Z * 1.001
+    if (top_p < 1.0) & ~k_on & (tl.sum(mass, axis=0) >= need):
+        lo = tl.where(tl.sum(tl.where(gm >= floor, mass, 0.0), axis=0) >= need, floor, lowest)
+        L_p = _bisect(gm, mass, lo, M, need, ITERS)
     L_m = tl.where(min_p > 0, M + tl.log(tl.maximum(min_p, 1e-30)) - MINP_MARGIN, neg_inf)
-    L = neg_inf
-    n_g = tl.full((), 0, tl.int32)
-    done = tl.full((), 0, tl.int32)
-    if T == 0:  # (the maxima stay live for the group ids below)
-        g = tl.arange(0, NGP)
-        gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
-        L = _scan_bound(gm, M, Z, floor, k_on, kf, top_p, L_m, greedy, prof_ptr, row, ITERS,
-                        PROF)
-        sel_g = (gm > float("-inf")) & (gm >= L)
-        n_g = tl.sum(sel_g.to(tl.int32), axis=0)
-    else:
-        # the chunks' top-T lists (_gm_stats) stand for the row's group maxima when the rule
-        # needs no mass (top-k <= S * T, min-p, greedy) and no chunk may hold an unlisted
-        # group reaching the bound: the bisection runs over S * T values, not S * CHUNK / G,
-        # and the listed groups are the selected ones (in group order, as below)
-        if greedy | (k_on & (k <= S * T)) | (~k_on & (top_p >= 1.0) & (min_p > 0)):
-            i = tl.arange(0, NTP)
-            tv = tl.load(tv_ptr + row * S * T + i, mask=i < S * T, other=float("-inf"))
-            fin_t = tv > float("-inf")
-            one_t = tl.where(fin_t, 1.0, 0.0)
-            ok = (greedy | ~k_on).to(tl.int32)
-            L_t = neg_inf
-            if k_on & (tl.sum(one_t, axis=0) >= kf):
-                lowest_t = tl.min(tl.where(fin_t, tv, float("inf")), axis=0)
-                lo = tl.where(tl.sum(tl.where(tv >= floor, one_t, 0.0), axis=0) >= kf, floor,
-                              lowest_t)
-                L_t = _bisect(tv, one_t, lo, M, kf, ITERS)
-                ok = tl.full((), 1, tl.int32)
-            L_t = tl.where(k_on, tl.where(top_p < 1.0, L_t, tl.maximum(L_t, L_m)), L_m)
-            L_t = tl.where(greedy, M, L_t)
-            sel_t = fin_t & (tv >= L_t)
-            full_chunk = tl.sum(tl.reshape(sel_t.to(tl.int32), (NTP // T, T)), axis=1) >= T
-            if (ok > 0) & (tl.max(full_chunk.to(tl.int32), axis=0) == 0):
-                n_g = tl.sum(sel_t.to(tl.int32), axis=0)
-                L = L_t
-                done = tl.full((), 1, tl.int32)
-        if done == 0:
-            g = tl.arange(0, NGP)
-            gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
-            L = _scan_bound(gm, M, Z, floor, k_on, kf, top_p, L_m, greedy, prof_ptr, row,
-                            ITERS, PROF)
-            n_g = tl.sum(((gm > float("-inf")) & (gm >= L)).to(tl.int32), axis=0)
+    # top-p renormalises over the whole top-k set: with both on, all of it is a candidate
+    L = tl.where(k_on, tl.where(top_p < 1.0, L_k, tl.maximum(L_k, L_m)), tl.maximum(L_p, L_m))
+    L = tl.where(greedy, M, L)
     tl.store(bound_ptr + row, L)
     if PROF:
         _stamp(prof_ptr, row, 2)
 
+    sel_g = fin & (gm >= L)
+    n_g = tl.sum(sel_g.to(tl.int32), axis=0)
     state = tl.full((), 1, tl.int32)
     n = tl.full((), CMAX + 1, tl.int32)
     if (L == float("-inf")) & (n_g > GMAX):   # no bound and a large row: exact bisection
         n = tl.full((), CMAX + 1, tl.int32)
     elif n_g <= GMAX:   # (also without a bound: a small vocabulary is all candidates)
-        if T == 0:
-            tl.store(gid_ptr + row * GMAX + tl.cumsum(sel_g.to(tl.int32), axis=0) - 1, g,
-                     mask=sel_g)
-        # with lists: the selected groups' ids reloaded (kept live, the plan spilled 3x more)
-        elif done == 0:
-            g = tl.arange(0, NGP)
-            gm = tl.load(gm_ptr + row * S * NG + g, mask=g < S * NG, other=float("-inf"))
-            sel_g = (gm > float("-inf")) & (gm >= L)
-            tl.store(gid_ptr + row * GMAX + tl.cumsum(sel_g.to(tl.int32), axis=0) - 1, g,
-                     mask=sel_g)
-        else:
-            i = tl.arange(0, NTP)
-            tv = tl.load(tv_ptr + row * S * T + i, mask=i < S * T, other=float("-inf"))
-            sel_t = (tv > float("-inf")) & (tv >= L)
-            tl.store(gid_ptr + row * GMAX + tl.cumsum(sel_t.to(tl.int32), axis=0) - 1,
-                     tl.load(tid_ptr + row * S * T + i, mask=sel_t, other=0), mask=sel_t)
+        tl.store(gid_ptr + row * GMAX + tl.cumsum(sel_g.to(tl.int32), axis=0) - 1, g,
+                 mask=sel_g)
         tl.debug_barrier()
         if PROF:
             _stamp(prof_ptr, row, 3)
@@ -422,15 +338,13 @@ def _fallback_programs(dev: torch.device, items: int) -> int:
 
 
 def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=None,
-        num_logprobs: int = 0, cmax: int = ts.CMAX, gmax: int = GMAX, topt: int | None = None,
+        num_logprobs: int = 0, cmax: int = ts.CMAX, gmax: int = GMAX,
         tuning: dict | None = None):
     """Launch the pipeline (module doc); returns SampleOutput. cmax: candidate buffer size,
     gmax: groups the plan program gathers (tests shrink both to drive rows down the
-    compaction and bisection paths); topt: the per-chunk top lists' length (None: TOPT;
-    0 off); tuning: launch overrides for sweeps ("stats_warps",
+    compaction and bisection paths); tuning: launch overrides for sweeps ("stats_warps",
     "plan_warps", "iters": bisection steps of the bound; "profile": an int64 [B, 8] tensor
-    for the plan's clock64 stamps; "workspace": a dict that receives the bound and plan
-    tensors, for tests)."""
+    for the plan's clock64 stamps)."""
     tuning = tuning or {}
     from tskernels_ref.sampling import SampleOutput
 
@@ -453,11 +367,6 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     i32 = dict(dtype=torch.int32, device=dev)
     part = torch.empty(batch, S, 4, **f32)
     gm = torch.empty(batch, S * (chunk // G), **f32)
-    topt = min(TOPT if topt is None else topt, chunk // G)
-    if topt < 0 or topt & (topt - 1):
-        raise ValueError(f"topt={topt}: a power of 2 (or 0)")
-    tv = torch.empty(batch, S * topt, **f32) if topt else gm
-    tid = torch.empty(batch, S * topt, **i32) if topt else tok
     stat = torch.empty(batch, 4, **f32)
     plan = torch.empty(batch, 2, **i32)
     bound = torch.empty(batch, **f32)
@@ -479,17 +388,15 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
     # the fallback stages let their dependents launch only once they know they have no work
     # (LAZY_TRIGGER), so a stage that works has no waiting programs beside it
     fb_ch = dict(ch, EARLY=not LAZY_TRIGGER) if ch["PDL"] else ch
-    _gm_stats[grid2](logits, temperature, part, gm, tv, tid, vocab, stride, S, CHUNK=chunk,
-                     G=G, T=topt, num_warps=tuning.get("stats_warps", 8), **ch)
-    _gm_plan[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, part, gm, tv,
-                       tid, stat,
+    _gm_stats[grid2](logits, temperature, part, gm, vocab, stride, S, CHUNK=chunk, G=G,
+                     num_warps=tuning.get("stats_warps", 8), **ch)
+    _gm_plan[(batch,)](logits, temperature, top_k, top_p, min_p, seeds, steps, part, gm, stat,
                        plan, bound, gid, cs, ci, tok, lp, tok if prof is None else prof, vocab,
                        stride, S, CHUNK=chunk,
                        G=G, BLOCK_S=block_s, NGP=ngp, GMAX=gmax, CMAX=cmax, C_SMALL=c_small,
                        ITERS=tuning.get("iters", ITERS), WINDOW=WINDOW,
                        MINP_MARGIN=MINP_MARGIN, GHALF=max(1, gmax // 2),
-                       CHALF=max(1, c_small // 2), T=topt,
-                       NTP=triton.next_power_of_2(max(1, S * topt)), PROF=int(prof is not None),
+                       CHALF=max(1, c_small // 2), PROF=int(prof is not None),
                        num_warps=tuning.get("plan_warps", PLAN_WARPS), **ch)
     fb = (_fallback_programs(dev, batch * S),)
     block_b = min(1024, max(16, triton.next_power_of_2(batch)))
@@ -503,8 +410,6 @@ def run(logits: torch.Tensor, *, temperature, top_k, top_p, min_p, seeds, steps=
                  **fb_ch)
     ts._race_final[(batch,)](logits, stat, plan, rv, ri, tok, lp, stride, S, CMAX=cmax,
                              BLOCK_S=block_s, num_warps=1, **ch)
-    if isinstance(tuning.get("workspace"), dict):
-        tuning["workspace"].update(bound=bound, plan=plan)
     top = None
     if num_logprobs > 0:  # torch.topk of the raw logits, shifted by the row's log-sum-exp
         values, ids = logits.float().topk(num_logprobs, dim=-1)
@@ -516,22 +421,19 @@ def cases() -> list[CompileCase]:
     x = {"x_ptr": "*fp32", "t_ptr": "*fp32"}
     chunk = ts.CHUNK
     return [
-        *(CompileCase(_gm_stats, dict(x, part_ptr="*fp32", gm_ptr="*fp32", tv_ptr="*fp32",
-                                      tid_ptr="*i32", V="i32", stride="i32", S="i32"),
-                      dict(CHUNK=chunk, G=G, T=t), num_warps=8, label="gm_stats" + tag)
-          for t, tag in ((0, ""), (8, " top8"))),
-        *(CompileCase(_gm_plan, dict(x, k_ptr="*i32", p_ptr="*fp32", minp_ptr="*fp32",
+        CompileCase(_gm_stats, dict(x, part_ptr="*fp32", gm_ptr="*fp32", V="i32", stride="i32",
+                                    S="i32"), dict(CHUNK=chunk, G=G), num_warps=8,
+                    label="gm_stats"),
+        CompileCase(_gm_plan, dict(x, k_ptr="*i32", p_ptr="*fp32", minp_ptr="*fp32",
                                    seed_ptr="*i64", step_ptr="*i64", part_ptr="*fp32",
-                                   gm_ptr="*fp32", tv_ptr="*fp32", tid_ptr="*i32",
-                                   stat_ptr="*fp32", plan_ptr="*i32",
+                                   gm_ptr="*fp32", stat_ptr="*fp32", plan_ptr="*i32",
                                    bound_ptr="*fp32", gid_ptr="*i32", cs_ptr="*fp32",
                                    ci_ptr="*i32", tok_ptr="*i64", lp_ptr="*fp32",
                                    prof_ptr="*i64", V="i32", stride="i32", S="i32"),
                     dict(CHUNK=chunk, G=G, BLOCK_S=64, NGP=4096, GMAX=GMAX, CMAX=ts.CMAX,
                          C_SMALL=ts.C_SMALL, ITERS=ITERS, WINDOW=WINDOW,
-                         MINP_MARGIN=MINP_MARGIN, GHALF=GMAX // 2, CHALF=ts.C_SMALL // 2, **kw),
-                    num_warps=PLAN_WARPS, label="gm_plan" + tag)
-          for kw, tag in (({"T": 0, "NTP": 1}, ""), ({"T": 8, "NTP": 512}, " top8"))),
+                         MINP_MARGIN=MINP_MARGIN, GHALF=GMAX // 2, CHALF=ts.C_SMALL // 2),
+                    num_warps=PLAN_WARPS, label="gm_plan"),
         CompileCase(_gm_compact, dict(x, gm_ptr="*fp32", plan_ptr="*i32", bound_ptr="*fp32",
                                       cs_ptr="*fp32", ci_ptr="*i32", V="i32", stride="i32",
                                       S="i32", B="i32"),
