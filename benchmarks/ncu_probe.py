@@ -101,16 +101,13 @@ def main(which: str) -> None:
     elif which in ("moe_decode_cuda", "moe_decode_triton"):  # issue 24's T = 1 MoE layer:
         # routing (Triton) then fused_experts (moe_decode_kernel | the two triton_direct kernels)
         from tskernels import moe
-        e, h, i, k = 128, 2048, 768, 8
-        w13 = (torch.randn(e, 2 * i, h, generator=gen, device="cuda") / h ** 0.5).bfloat16()
-        w2 = (torch.randn(e, h, i, generator=gen, device="cuda") / i ** 0.5).bfloat16()
-        x = torch.randn(1, h, generator=gen, device="cuda").bfloat16()
-        logits = torch.randn(1, e, generator=gen, device="cuda")
+        from tskernels.bench.cases import moe as MC
+        d = MC._make({"T": 1, **MC.QWEN3}, "cuda", gen)
         backend = "cuda_sm90" if which.endswith("cuda") else "triton"
 
         def run():
-            w, ids = moe.topk_softmax(logits, k, backend="triton")
-            return moe.fused_experts(x, w13, w2, w, ids, backend=backend)
+            w, ids = moe.topk_softmax(d["logits"], d["k"], backend="triton")
+            return moe.fused_experts(d["x"], d["w13"], d["w2"], w, ids, backend=backend)
     else:
         raise SystemExit(f"unknown problem {which}")
     for _ in range(2):
