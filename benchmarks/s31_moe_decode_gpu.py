@@ -1,5 +1,5 @@
 """Session 31 lab: the one-token CUDA MoE kernel (moe.fused_experts.cuda_sm90: one launch,
-each CTA's down slice TMA-copied into shared memory during its gate-up stream) against the
+each CTA's down rows TMA-copied into shared memory during its gate-up stream) against the
 shipped Triton decode path (two launches, triton_direct), for issue 24's MoE T = 1 target
 (Qwen3-30B-A3B layer: 26.5 us on the H200, read floor 17.8, target <= 21 us; H100 session 27:
 34.66 us, floor 25.11).
@@ -32,7 +32,7 @@ from tskernels.ops.moe import cuda_decode_sm90 as md
 
 E, H, I, K = 128, 2048, 768, 8
 # the CUDA kernel as selected (a programmatic dependent of the routing), plain-launched, and
-# with its down slice copied only after the wait (what the prefetch is worth)
+# with its down rows copied only after the wait (what the prefetch is worth)
 FORMS = {"triton": "triton", "cuda": "cuda_sm90", "cuda_nopdl": ("NOPDL",),
          "cuda_late_copy": ("-DLATE_COPY",)}
 

@@ -232,7 +232,7 @@ def test_cuda_fp8_block_mm_compiles(tmp_path):
 
 
 # (hidden, inter, top_k, parts, fp16, int64 ids): the Qwen3-30B-A3B shape on 132 SMs in both
-# 16-bit types and id widths, and a narrower shape with a partial last slice
+# 16-bit types and id widths, and a narrower top-4 shape whose last CTAs have no output rows
 MOE_DECODE_SHAPES = [(2048, 768, 8, 16, False, False, ()), (2048, 768, 8, 16, True, True, ()),
                      (1024, 512, 4, 33, False, False, ()),
                      (2048, 768, 8, 16, False, False, ("-DPDL",)),
@@ -253,7 +253,7 @@ def test_cuda_moe_decode_compiles(tmp_path):
                                tmp_path)
         sass = _sass(NVDISASM, tmp_path / "k.cubin")
         r.update(kernel="moe_decode_sm90", hidden=h, inter=i, top_k=k, parts=parts, fp16=fp16,
-                 ids64=ids64, options=" ".join(extra), smem=md.smem_bytes(h, i, parts),
+                 ids64=ids64, options=" ".join(extra), smem=md.smem_bytes(h, i, k, parts),
                  griddepcontrol="griddepcontrol.wait" in text,
                  bulk_copy="cp.async.bulk.shared::cluster.global.mbarrier" in text,
                  sass_bulk=len(re.findall(r"\bUBLKCP\b", sass)),

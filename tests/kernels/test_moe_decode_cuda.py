@@ -2,7 +2,7 @@
 the GPU tier (sm_90a: bulk copies into shared memory; CI compiles it,
 tests/compile/test_cuda_sources.py), plus the CPU-side predicate and selection rules.
 
-The kernel's workspaces (activations, partials) are poisoned with NaN first, so a value it
+The kernel's workspace (the activation rows) is poisoned with NaN first, so a value it
 reads before writing fails; its counters must be back at zero after every launch (graph
 replays start from them); ids past the local experts and repeated experts are drawn."""
 from __future__ import annotations
@@ -28,15 +28,19 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="sm_90a kernel: needs an
 QWEN3 = (2048, 768, 128, 8)  # hidden, intermediate, experts, top-k
 
 
-def test_fits_takes_the_shapes_whose_slice_fits():
-    """Qwen3-30B-A3B (192 KB slices on 132 SMs) fits; H or I off the 256 grid, a slice past
-    shared memory (Qwen3-235B's 768 KB), fewer SMs than slots do not."""
+def test_fits_takes_the_shapes_whose_rows_fit():
+    """Qwen3-30B-A3B (16 rows x 8 experts, 192 KB, per CTA on 132 SMs) fits; H or I off the
+    256 grid, rows past shared memory (Qwen3-235B's 4096 x 1536: 32 x 8 x 3 KB), fewer SMs than
+    slots do not."""
     assert md.fits(2048, 768, 8, 132) and md.parts_for(8, 132) == 16
-    assert md.smem_bytes(2048, 768, 16) <= md.SMEM_LIMIT
+    assert md.rows_per_cta(2048, 8, 16) == 16
+    assert md.smem_bytes(2048, 768, 8, 16) == 16 * 8 * 768 * 2 + 2048 * 4 + 8 * 768 * 2 + \
+        8 * 16 * 4 + 8
+    assert md.smem_bytes(2048, 768, 8, 16) <= md.SMEM_LIMIT
     assert not md.fits(4096, 1536, 8, 132)
     assert not md.fits(2048 + 128, 768, 8, 132) and not md.fits(2048, 640, 8, 132)
     assert not md.fits(2048, 768, 8, 7)
-    # a 114-SM H100 PCIe: 14 parts, 147-row slices of 1.5 KB: 226 KB + x + act > the limit
+    # a 114-SM H100 PCIe: 14 parts, 112 CTAs of 19 rows x 8 experts x 1.5 KB: 228 KB > the limit
     assert not md.fits(2048, 768, 8, 114)
 
 
@@ -120,16 +124,17 @@ def test_qwen3_shape_against_float64(dtype, pattern):
 @pytest.mark.gpu
 @needs_hopper
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**16), e=st.sampled_from([8, 16, 64]),
-       dims=st.sampled_from([(1024, 256), (2048, 512), (2048, 768)]))
-def test_drawn_shapes_and_expert_counts(seed, e, dims):
-    """Drawn H / I (parts 16 on 132 SMs: some slices partial at H = 1024 + ...) and expert
-    counts; top-8 (so an E = 8 layer routes to every expert)."""
+@given(seed=st.integers(0, 2**16), e=st.sampled_from([8, 16, 64]), k=st.sampled_from([4, 8]),
+       dims=st.sampled_from([(256, 256), (1024, 256), (1280, 512), (2048, 512), (2048, 768)]))
+def test_drawn_shapes_and_expert_counts(seed, e, k, dims):
+    """Drawn H / I, top-k and expert counts (an E = 8 top-8 layer routes to every expert): on
+    132 SMs, top-4 runs 132 CTAs of which the last have no output rows, H = 256 gives 2 rows per
+    CTA and H = 1280 10 (row groups of 4 cut short)."""
     h, inter = dims
-    x, w13, w2, w, ids = _problem(h, inter, e, 8, torch.bfloat16, seed)
+    x, w13, w2, w, ids = _problem(h, inter, e, k, torch.bfloat16, seed)
     out = md.run(x, w13, w2, w, ids)
     want, base = _want(x, w13, w2, w, ids)
-    assert_close(out, want, baseline=base, name=f"moe decode {h}x{inter} E{e}")
+    assert_close(out, want, baseline=base, name=f"moe decode {h}x{inter} E{e} top-{k}")
 
 
 @pytest.mark.gpu

@@ -1,17 +1,18 @@
 """One-token fused experts for Hopper (`cuda/moe_decode_sm90.cu`): the whole MoE layer after
-routing (gate-up, SiLU-mul, down, weighted combine) in one launch, each CTA's down-weight slice
+routing (gate-up, SiLU-mul, down, weighted combine) in one launch, each CTA's down-weight rows
 copied into shared memory by the TMA engine while the CTA streams its gate-up rows, so the
 down weights stream during the gate-up instead of after it (the source's header has the
-design; benchmarks/RESULTS.md, session 31, the measurements).
+design; benchmarks/RESULTS.md, sessions 31 and 36, the measurements).
 
-Takes one token (a batch-1 decode step), 16-bit weights, SiLU, and shapes whose down slice
-fits a CTA's shared memory next to x and the activations: top_k x parts CTAs with
-parts = SMs // top_k, H / parts rows of I values each (Qwen3-30B-A3B, H 2048, I 768, top-8 on
-132 SMs: 16 parts, 192 KB). `fits` is the predicate the registration uses; other problems
-select the Triton kernels. Compiled at first use with NVRTC for sm_90a (one build per shape),
-launched with the driver API on torch's current stream: no host sync, fixed-size workspace,
-CUDA-graph capturable. The arrival counters are a per-device buffer the kernel re-zeroes, so
-two streams of one device must not run this kernel concurrently (as triton_direct).
+Takes one token (a batch-1 decode step), 16-bit weights, SiLU, and shapes whose down rows fit
+a CTA's shared memory next to x and the activations: G = top_k x parts CTAs with
+parts = SMs // top_k; CTA b holds rows [b R, b R + R), R = ceil(H / G), of every routed
+expert's down weight (Qwen3-30B-A3B, H 2048, I 768, top-8 on 132 SMs: 128 CTAs, 16 rows x 8
+experts, 192 KB). `fits` is the predicate the registration uses; other problems select the
+Triton kernels. Compiled at first use with NVRTC for sm_90a (one build per shape), launched
+with the driver API on torch's current stream: no host sync, fixed-size workspace, CUDA-graph
+capturable. The arrival counters are a per-device buffer the kernel re-zeroes, so two streams
+of one device must not run this kernel concurrently (as triton_direct).
 """
 from __future__ import annotations
 
@@ -36,14 +37,19 @@ CNT_ELEMS = 1024
 PDL = True
 # False: the trait says no, so the selector never takes this kernel (serving A/B switch)
 ENABLED = True
-_work: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_work: dict[tuple, tuple[torch.Tensor]] = {}
 
 
-def smem_bytes(hidden: int, inter: int, parts: int) -> int:
-    """The source's SMEM_BYTES: the down slice (ceil(H / parts) x I 16-bit), x and act as
-    fp32, the mbarrier and a flag."""
-    rows = -(-hidden // parts)
-    return rows * inter * 2 + hidden * 4 + inter * 4 + 16
+def rows_per_cta(hidden: int, top_k: int, parts: int) -> int:
+    return -(-hidden // (top_k * parts))
+
+
+def smem_bytes(hidden: int, inter: int, top_k: int, parts: int) -> int:
+    """The source's SMEM_BYTES: every slot's down rows (top_k x R x I 16-bit), x as fp32, the
+    activation rows (top_k x I 16-bit), the partials (top_k x R fp32), the mbarrier."""
+    rows = rows_per_cta(hidden, top_k, parts)
+    part = top_k * rows * inter * 2 + hidden * 4 + top_k * inter * 2
+    return (part + top_k * rows * 4 + 7) // 8 * 8 + 8
 
 
 def parts_for(top_k: int, sms: int) -> int:
@@ -52,14 +58,15 @@ def parts_for(top_k: int, sms: int) -> int:
 
 def fits(hidden: int, inter: int, top_k: int, sms: int) -> bool:
     """Whether the kernel takes this shape on a device with `sms` SMs: H and I multiples of
-    256, at least one part per slot, the slice within the shared-memory limit, the grid (which
-    spins on its own CTAs) no larger than the SM count, and the slice's bytes within one
+    256, at least one part per slot, the rows within the shared-memory limit, the grid (which
+    spins on its own CTAs) no larger than the SM count, and the copied bytes within one
     mbarrier transaction count."""
     parts = parts_for(top_k, sms)
     if hidden % 256 or inter % 256 or parts < 1 or top_k * parts > sms:
         return False
-    rows = -(-hidden // parts)
-    return smem_bytes(hidden, inter, parts) <= SMEM_LIMIT and rows * inter * 2 < (1 << 20)
+    rows = rows_per_cta(hidden, top_k, parts)
+    return smem_bytes(hidden, inter, top_k, parts) <= SMEM_LIMIT and \
+        top_k * rows * inter * 2 < (1 << 20)
 
 
 def decode_traits(tokens: int, hidden: int, inter: int, top_k: int,
@@ -108,7 +115,7 @@ def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torc
         topk_ids: torch.Tensor, extra: tuple[str, ...] = ()) -> torch.Tensor:
     """out [1, H] (x's dtype) for x [1, H], w13 [E, 2I, H], w2 [E, H, I] (x's dtype),
     topk_weights [1, k], topk_ids int32 / int64 [1, k]. extra: more -D options (lab variants,
-    e.g. -DLATE_COPY: the down slice copied after the wait)."""
+    e.g. -DLATE_COPY: the down rows copied after the wait)."""
     dev = x.device
     tokens, hidden = x.shape
     num_experts, two_inter, _ = w13.shape
@@ -120,7 +127,7 @@ def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torc
                          f"fits (H {hidden}, I {inter}, top-{top_k} on {sms} SMs); got "
                          f"T {tokens}, {x.dtype} / {w13.dtype}")
     parts = parts_for(top_k, sms)
-    smem = smem_bytes(hidden, inter, parts)
+    smem = smem_bytes(hidden, inter, top_k, parts)
     ids64 = topk_ids.dtype == torch.int64
     chained = PDL and pdl.supported(dev) and pdl.chained("moe_direct")
     opts = nvcc_options(hidden, inter, top_k, parts, x.dtype == torch.float16, ids64) + extra \
@@ -131,15 +138,14 @@ def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torc
     tw = topk_weights if topk_weights.dtype == torch.float32 and \
         topk_weights.is_contiguous() else topk_weights.float().contiguous()
     key = (dev, hidden, inter, top_k, x.dtype)
-    if key not in _work:   # act (16-bit) and the fp32 partials: reused, fully rewritten
-        _work[key] = (torch.empty(top_k, inter, dtype=x.dtype, device=dev),
-                      torch.empty(top_k, hidden, dtype=torch.float32, device=dev))
-    act, part = _work[key]
+    if key not in _work:   # the activation rows (16-bit): reused, rewritten by every launch
+        _work[key] = (torch.empty(top_k, inter, dtype=x.dtype, device=dev),)
+    act, = _work[key]
     out = torch.empty(1, hidden, dtype=x.dtype, device=dev)
     ptr = ctypes.c_uint64
     args = (ptr(x.data_ptr()), ptr(w13.data_ptr()), ptr(w2.data_ptr()), ptr(tw.data_ptr()),
-            ptr(ids.data_ptr()), ptr(act.data_ptr()), ptr(part.data_ptr()),
-            ptr(_counters(dev).data_ptr()), ptr(out.data_ptr()), ctypes.c_int(num_experts))
+            ptr(ids.data_ptr()), ptr(act.data_ptr()), ptr(_counters(dev).data_ptr()),
+            ptr(out.data_ptr()), ctypes.c_int(num_experts))
     cuda_driver.launch(fn, top_k * parts, THREADS, smem, dev, args, pdl=chained)
     return out
 
@@ -153,7 +159,7 @@ def run(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torc
                   "decode_prefetch": (True,)},
           band="specialized", tags=("deterministic",), compiled=("sm_90",),
           description="CUDA one-token fused experts (sm_90a): one launch, each CTA's down "
-                      "slice TMA-copied into shared memory while it streams its gate-up rows.")
+                      "rows TMA-copied into shared memory while it streams its gate-up rows.")
 def fused_experts(x, w13, w2, topk_weights, topk_ids, *, activation):
     """CUDA decode MoE (sm_90a): T = 1, 16-bit weights, SiLU."""
     return run(x, w13, w2, topk_weights, topk_ids)
