@@ -31,7 +31,7 @@ SOURCE = Path(__file__).with_name("cuda") / "moe_decode_sm90.cu"
 KERNEL = "moe_decode_kernel"
 THREADS = 256
 SMEM_LIMIT = 232448   # sm_90's opt-in dynamic shared memory per block
-CNT_ELEMS = 1024
+CNT_ELEMS = 2       # the grid-wide arrival and its re-arm count (the source's cnt[0], cnt[1])
 # launched as a programmatic dependent of the routing (pdl.CHAIN "moe_direct", as the
 # Triton decode path), where PDL exists; False: plain launches
 PDL = True
